@@ -1,0 +1,3 @@
+from nvshim.cli import main
+
+main()

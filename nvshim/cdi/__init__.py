@@ -1,0 +1,1 @@
+"""CDI: the spec writer, name and version rules, validation and spec listing."""

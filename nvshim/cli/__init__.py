@@ -1,0 +1,76 @@
+"""The ``nvshim`` command line: a thin, lazily loaded front over the library modules."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from nvshim import __version__
+from nvshim.errors import NvshimError
+
+# name -> "module:attribute"; each module is imported only when its command runs.
+COMMANDS = {
+    "info": ("nvshim.cli.info:info", "Show the discovered GPU host."),
+    "cdi": ("nvshim.cli.cdi:cdi", "Generate, list and validate CDI specs."),
+    "config": ("nvshim.cli.config:config", "Show the effective nvshim configuration."),
+    "configure": ("nvshim.cli.configure:configure", "Register nvshim with a container engine."),
+    "unconfigure": ("nvshim.cli.configure:unconfigure", "Remove nvshim from a container engine."),
+    "install": ("nvshim.cli.install:install", "Install the runtime and hook launchers."),
+    "mps": ("nvshim.cli.mps:mps", "Run and inspect the per-GPU MPS control daemons."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use (keeps --help fast)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        target = COMMANDS[name][0]
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                return None
+            raise
+        return getattr(module, attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="nvshim")
+def cli() -> None:
+    """nvshim: give containers exactly the GPUs they were given, and nothing more."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the CLI, turning NvshimError into one line and an exit code."""
+    try:
+        cli.main(args=argv, prog_name="nvshim", standalone_mode=False)
+    except NvshimError as err:
+        click.echo(f"nvshim: error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort:
+        click.echo("nvshim: aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)
+    except OSError as err:
+        where = f"{err.filename}: " if err.filename else ""
+        click.echo(f"nvshim: error: {where}{err.strerror or err}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

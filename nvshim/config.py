@@ -1,0 +1,130 @@
+"""nvshim's own configuration, ``/etc/nvshim/config.toml`` (``NVSHIM_CONFIG`` overrides).
+
+Every key is optional; defaults are safe. Unknown keys produce warnings, not failures.
+Only the standard library is used here (``tomllib``) so the runtime and hook can load it
+under ``python -I -S``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvshim.errors import NvshimError
+
+DEFAULT_PATH = "/etc/nvshim/config.toml"
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "host": {
+        "driver-root": "/",
+        "dev-root": "/",
+    },
+    "runtime": {
+        "runtimes": ["runc", "crun"],
+        "log-file": "/var/log/nvshim.log",
+        "hook-path": "/usr/local/bin/nvshim-hook",
+        "state-dir": "/run/nvshim",
+    },
+    "policy": {
+        "accept-env-unprivileged": False,
+        "accept-volume-mounts": True,
+        "cdi-annotation-prefixes": ["cdi.k8s.io/"],
+        "default-capabilities": "utility,compute",
+        "cdi-vendor": "nvidia.com",
+        "cdi-class": "gpu",
+    },
+    "sharing": {
+        "config": "/etc/nvshim/sharing.yaml",
+        "mps-root": "/run/nvshim/mps",
+        "on-daemon-down": "fail",
+    },
+}
+
+
+@dataclass
+class Config:
+    """The effective configuration: defaults overlaid with the file's values."""
+
+    values: dict[str, dict[str, Any]]
+    path: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def get(self, section: str, key: str) -> Any:
+        return self.values[section][key]
+
+    @property
+    def driver_root(self) -> str:
+        return self.get("host", "driver-root")
+
+    @property
+    def dev_root(self) -> str:
+        return self.get("host", "dev-root")
+
+
+def config_path() -> str:
+    return os.environ.get("NVSHIM_CONFIG") or DEFAULT_PATH
+
+
+def load_config(path: str | None = None) -> Config:
+    """Load the configuration; a missing default file means all defaults.
+
+    A file named explicitly (argument or ``NVSHIM_CONFIG``) must exist. Bad TOML or a
+    value of the wrong type raises NvshimError naming the file and key.
+    """
+    explicit = path is not None or bool(os.environ.get("NVSHIM_CONFIG"))
+    path = path or config_path()
+    values = copy.deepcopy(DEFAULTS)
+    warnings: list[str] = []
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        if explicit:
+            raise NvshimError(f"{path}: configuration file not found") from None
+        return Config(values, None, warnings)
+    except tomllib.TOMLDecodeError as err:
+        raise NvshimError(f"{path}: invalid TOML: {err}") from None
+    except OSError as err:
+        raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
+    for section, table in data.items():
+        if section not in values:
+            warnings.append(f"{path}: unknown section [{section}] ignored")
+            continue
+        if not isinstance(table, dict):
+            raise NvshimError(f"{path}: [{section}] must be a table")
+        for key, value in table.items():
+            if key not in values[section]:
+                warnings.append(f"{path}: unknown key {section}.{key} ignored")
+                continue
+            want = type(DEFAULTS[section][key])
+            if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
+                raise NvshimError(
+                    f"{path}: {section}.{key} must be a {want.__name__}, got {value!r}"
+                )
+            if want is list and not all(isinstance(v, str) for v in value):
+                raise NvshimError(f"{path}: {section}.{key} must be a list of strings")
+            values[section][key] = value
+    return Config(values, path, warnings)
+
+
+def render_config(config: Config) -> str:
+    """The effective configuration as TOML text (for ``nvshim config show``)."""
+    lines = [f"# effective configuration (file: {config.path or 'none, defaults'})"]
+    for section, table in config.values.items():
+        lines.append(f"\n[{section}]")
+        for key, value in table.items():
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, int):
+        return str(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

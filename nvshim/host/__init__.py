@@ -1,0 +1,1 @@
+"""Host discovery: NVML, driver files, device nodes and sysfs facts, as a typed model."""

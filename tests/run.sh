@@ -1,0 +1,7 @@
+#!/bin/bash
+# The whole test suite: installs what it needs (tests/setup.sh), then runs pytest.
+# Extra arguments go to pytest, e.g. `bash tests/run.sh -k cdi -x`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tests/setup.sh
+exec .venv/bin/python3 -m pytest -q -p no:cacheprovider "$@" tests

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Install what nvshim's tests and demo need on a Debian machine (run as root), idempotently:
+# system packages (gcc, runc, podman, containerd, busybox) and a virtualenv in .venv holding
+# nvshim (editable) and its test dependencies. Prints nothing when all is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+for spec in gcc:gcc ldconfig:libc-bin runc:runc podman:podman containerd:containerd \
+            busybox:busybox-static ip:iproute2 unshare:util-linux; do
+    cmd=${spec%%:*}; pkg=${spec#*:}
+    command -v "$cmd" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "$cmd" >/dev/null 2>&1 \
+        || need_pkgs+=("$pkg")
+done
+[ -e /usr/include/stdio.h ] || need_pkgs+=(libc6-dev)
+/usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3 python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    echo "setup: installing ${need_pkgs[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+# The real Debian interpreter, never a version-manager shim: hooks point at it.
+PY=/usr/bin/python3
+stamp=.venv/.nvshim-deps
+if [ ! -x .venv/bin/python3 ] || [ ! -e "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+    echo "setup: preparing .venv" >&2
+    [ -x .venv/bin/python3 ] || "$PY" -m venv .venv
+    .venv/bin/python3 -m pip install -q --disable-pip-version-check -e '.[test]' >&2
+    touch "$stamp"
+fi

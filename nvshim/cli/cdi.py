@@ -1,0 +1,110 @@
+"""``nvshim cdi``: generate, list and validate CDI specs."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from nvshim.cli.common import discover, root_options
+from nvshim.errors import NvshimError, UsageError
+
+
+@click.group()
+def cdi() -> None:
+    """Generate, list and validate CDI specs."""
+
+
+@cdi.command()
+@click.option("-o", "--output", metavar="FILE", help="Write here (atomically) instead of stdout.")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), help="Default: from -o.")
+@click.option(
+    "--device-name-strategy",
+    "strategies",
+    multiple=True,
+    type=click.Choice(["index", "uuid"]),
+    help="How devices are named; repeat for several (default: index).",
+)
+@click.option("--vendor", default=None, help="CDI vendor (default: nvidia.com).")
+@click.option("--class", "cls", default=None, help="CDI class (default: gpu).")
+@click.option(
+    "--capabilities",
+    default=None,
+    metavar="LIST|all",
+    help="Driver capabilities whose files the spec carries (default: utility,compute).",
+)
+@click.option("--hook-path", default=None, help="nvshim-hook launcher the spec's hooks run.")
+@root_options
+def generate(
+    output, fmt, strategies, vendor, cls, capabilities, hook_path, driver_root, dev_root, config
+) -> None:
+    """Write a CDI spec for every GPU and MIG device of this host, plus ``all``."""
+    from nvshim.cdi.names import validate_class_name, validate_vendor
+    from nvshim.cdi.writer import build_spec, dump_spec, format_for
+    from nvshim.policy.capabilities import parse_capabilities
+
+    fmt = format_for(output, fmt)
+    vendor = vendor or config.get("policy", "cdi-vendor")
+    cls = cls or config.get("policy", "cdi-class")
+    try:
+        validate_vendor(vendor)
+        validate_class_name(cls)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    caps, cap_warnings = parse_capabilities(
+        capabilities, config.get("policy", "default-capabilities")
+    )
+    for warning in cap_warnings:
+        click.echo(f"nvshim: warning: {warning}", err=True)
+    host = discover(driver_root, dev_root)
+    spec = build_spec(
+        host,
+        caps,
+        hook_path or config.get("runtime", "hook-path"),
+        vendor=vendor,
+        cls=cls,
+        strategies=strategies or ("index",),
+    )
+    text = dump_spec(spec, fmt)
+    if not output:
+        sys.stdout.write(text)
+        return
+    from nvshim.fsutil import atomic_write
+
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{output}: directory {parent} does not exist")
+    atomic_write(output, text.encode(), mode=0o644, backup=False)
+    click.echo(
+        f"nvshim: wrote {output}: {len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']}",
+        err=True,
+    )
+
+
+@cdi.command("list")
+@click.option("--spec-dir", "spec_dirs", multiple=True, metavar="DIR", help="Repeatable.")
+def list_(spec_dirs) -> None:
+    """Print vendor/class=name of every device in the CDI spec directories."""
+    from nvshim.cdi.registry import DEFAULT_SPEC_DIRS, list_devices
+
+    result = list_devices(spec_dirs or DEFAULT_SPEC_DIRS)
+    names, warnings = result if isinstance(result, tuple) else (result, [])
+    for warning in warnings:
+        click.echo(f"nvshim: warning: {warning}", err=True)
+    for name in names:
+        click.echo(name)
+
+
+@cdi.command()
+@click.argument("files", nargs=-1, required=True)
+def validate(files) -> None:
+    """Check CDI spec files as runtimes do, plus the JSON schema. Exit 1 on any problem."""
+    from nvshim.cdi.validate import validate_files
+
+    problems = validate_files(list(files))
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        raise NvshimError(f"{len(problems)} problem(s) found")
+    click.echo(f"{len(files)} spec(s) valid")

@@ -1,0 +1,88 @@
+"""The host inventory cache: discovery (NVML) runs once per driver, boot and device layout,
+not once per container. Standard library only on the cache-hit path."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from nvshim.host.model import Host
+from nvshim.host.rootpath import host_path
+
+CACHE_NAME = "inventory.json"
+FORMAT = 1
+
+
+def _stamp(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(4096).strip()
+    except OSError:
+        return None
+
+
+def cache_key(driver_root: str, dev_root: str) -> dict:
+    """What invalidates the cache: the boot, the driver (its ld cache and kernel module),
+    and the device layout (GPU and MIG capability nodes appear or go)."""
+    driver_root = os.path.abspath(driver_root)
+    dev_root = os.path.abspath(dev_root)
+    return {
+        "format": FORMAT,
+        "driver_root": driver_root,
+        "dev_root": dev_root,
+        "boot_id": _read("/proc/sys/kernel/random/boot_id"),
+        "ld_cache": _stamp(host_path(driver_root, "/etc/ld.so.cache")),
+        "module": _read(host_path(dev_root, "/proc/driver/nvidia/version")),
+        "dev": _stamp(host_path(dev_root, "/dev")),
+        "caps": _stamp(host_path(dev_root, "/dev/nvidia-caps")),
+        "mig_minors": _stamp(host_path(dev_root, "/proc/driver/nvidia-caps/mig-minors")),
+    }
+
+
+def cache_path(state_dir: str) -> str:
+    return os.path.join(state_dir, CACHE_NAME)
+
+
+def load_cached(state_dir: str, driver_root: str, dev_root: str) -> Host | None:
+    """The cached host if its key still matches, else None."""
+    try:
+        with open(cache_path(state_dir), encoding="utf-8") as fh:
+            data = json.load(fh)
+        if data.get("key") != cache_key(driver_root, dev_root):
+            return None
+        return Host.from_dict(data["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(state_dir: str, host: Host) -> None:
+    """Write the cache atomically; failure to write is not fatal (next call rediscovers)."""
+    from nvshim.fsutil import atomic_write
+
+    data = {"key": cache_key(host.driver_root, host.dev_root), "host": host.to_dict()}
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+        atomic_write(cache_path(state_dir), json.dumps(data).encode(), mode=0o644, backup=False)
+    except OSError:
+        pass
+
+
+def load_host(driver_root: str, dev_root: str, state_dir: str, refresh: bool = False) -> Host:
+    """The host, from the cache when valid, else discovered (NVML) and cached."""
+    if not refresh:
+        cached = load_cached(state_dir, driver_root, dev_root)
+        if cached is not None:
+            return cached
+    from nvshim.host.discover import discover_host
+
+    host = discover_host(driver_root, dev_root)
+    store(state_dir, host)
+    return host

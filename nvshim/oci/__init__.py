@@ -1,0 +1,1 @@
+"""The OCI sink: container edits applied to a bundle's ``config.json``."""

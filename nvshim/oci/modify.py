@@ -1,0 +1,110 @@
+"""Apply container edits to an OCI runtime spec (``config.json``), keeping everything else:
+unknown fields, key order, other env entries. Standard library only (runtime hot path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nvshim.edits import ContainerEdits, env_key
+
+INJECTED_ANNOTATION = "nvshim.io/injected"
+
+
+def _table(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    value = parent.get(key)
+    if not isinstance(value, dict):
+        value = {}
+        parent[key] = value
+    return value
+
+
+def _array(parent: dict[str, Any], key: str) -> list[Any]:
+    value = parent.get(key)
+    if not isinstance(value, list):
+        value = []
+        parent[key] = value
+    return value
+
+
+def merge_env(existing: list[str], updates: list[str]) -> list[str]:
+    """``existing`` with ``updates`` applied; one entry per key, the last value winning
+    (as runc's process setup does), at the key's first position."""
+    out: list[str] = []
+    where: dict[str, int] = {}
+    for entry in [*existing, *updates]:
+        if not isinstance(entry, str):
+            continue
+        key = env_key(entry)
+        if key in where:
+            out[where[key]] = entry
+        else:
+            where[key] = len(out)
+            out.append(entry)
+    return out
+
+
+def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]) -> dict[str, Any]:
+    """Apply ``edits`` to ``spec`` in place (and return it).
+
+    Device nodes go to ``linux.devices`` with an allow rule each in
+    ``linux.resources.devices`` (runc turns those into cgroup v1 or v2 rules); mounts are
+    appended; env entries replace same-named ones; hooks are appended to their stage with
+    their explicit env. ``injected`` (device UUIDs) is recorded in an annotation so the
+    standalone prestart hook knows the work is done.
+    """
+    process = _table(spec, "process")
+    process["env"] = merge_env(_array(process, "env"), edits.env)
+
+    linux = _table(spec, "linux")
+    if edits.device_nodes:
+        devices = [d for d in _array(linux, "devices") if isinstance(d, dict)]
+        ours = {d.path for d in edits.device_nodes}
+        devices = [d for d in devices if d.get("path") not in ours]
+        rules = _array(_table(linux, "resources"), "devices")
+        for node in edits.device_nodes:
+            entry: dict[str, Any] = {"path": node.path, "type": node.type or "c"}
+            entry["major"] = node.major
+            entry["minor"] = node.minor
+            if node.file_mode is not None:
+                entry["fileMode"] = node.file_mode
+            entry["uid"] = node.uid if node.uid is not None else 0
+            entry["gid"] = node.gid if node.gid is not None else 0
+            devices.append(entry)
+            rules.append(
+                {
+                    "allow": True,
+                    "type": node.type or "c",
+                    "major": node.major,
+                    "minor": node.minor,
+                    "access": node.permissions or "rwm",
+                }
+            )
+        linux["devices"] = devices
+
+    if edits.mounts:
+        mounts = _array(spec, "mounts")
+        for m in edits.mounts:
+            options = list(m.options)
+            if not m.type and "bind" not in options and "rbind" not in options:
+                options.append("bind")
+            mounts.append(
+                {
+                    "destination": m.container_path,
+                    "type": m.type or "bind",
+                    "source": m.host_path,
+                    "options": options,
+                }
+            )
+
+    if edits.hooks:
+        hooks = _table(spec, "hooks")
+        for hook in edits.hooks:
+            _array(hooks, hook.hook_name).append(hook.to_oci())
+
+    if edits.additional_gids:
+        user = _table(process, "user")
+        gids = [g for g in _array(user, "additionalGids") if isinstance(g, int)]
+        user["additionalGids"] = gids + [g for g in edits.additional_gids if g not in gids]
+
+    _table(spec, "annotations")[INJECTED_ANNOTATION] = ",".join(injected) or "none"
+    return spec

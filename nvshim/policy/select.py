@@ -1,0 +1,93 @@
+"""Policy: from a container's request to the edits it gets. Used by the runtime and the
+standalone prestart hook alike, so both enforce the same rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvshim.config import Config
+from nvshim.edits import ContainerEdits
+from nvshim.host.edits import Device, common_edits, devices_edits
+from nvshim.host.model import Gpu, Host, MigDevice
+
+
+@dataclass
+class Selection:
+    """What a container gets: ``edits`` (empty: hand the container on untouched), the
+    ``devices`` injected, and ``log`` fields describing the decision."""
+
+    edits: ContainerEdits
+    devices: list[Device] = field(default_factory=list)
+    log: dict[str, Any] = field(default_factory=dict)
+
+
+def parent_gpu(device: Device, host: Host) -> Gpu:
+    return host.gpu(device.parent_index) if isinstance(device, MigDevice) else device
+
+
+def select(request, host: Host, config: Config) -> Selection:
+    """Resolve the request's devices, check requirements, and build the edits.
+
+    Raises NvshimError (RequestError/RequirementError) when the request cannot be met.
+    """
+    from nvshim.policy.require import check_requirements
+    from nvshim.policy.resolve import resolve_devices
+    from nvshim.policy.visible import cuda_visible_devices
+
+    log: dict[str, Any] = {"source": request.source, "request": _describe(request.devices)}
+    if request.denied:
+        log["denied"] = request.denied
+        return Selection(ContainerEdits(), [], log)
+    devices = resolve_devices(host, request.devices)
+    check_requirements(
+        request.requirements,
+        host.cuda_version,
+        host.driver_version,
+        [(parent_gpu(d, host).compute_capability, parent_gpu(d, host).brand) for d in devices],
+        disable=request.disable_require,
+    )
+    caps = request.capabilities
+    edits = common_edits(host, caps, config.get("runtime", "hook-path")).merge(
+        devices_edits(devices, host)
+    )
+    uuids = [d.uuid for d in devices]
+    value, replaced = cuda_visible_devices(request.env.get("CUDA_VISIBLE_DEVICES"), uuids)
+    edits = edits.with_env(CUDA_VISIBLE_DEVICES=value)
+    log.update(devices=",".join(uuids) or "none", capabilities=",".join(caps))
+    if replaced:
+        log["cuda_visible_devices_replaced"] = replaced
+    edits = _amend_sharing(edits, devices, request, host, config, log)
+    return Selection(edits, devices, log)
+
+
+def _amend_sharing(edits, devices, request, host, config, log) -> ContainerEdits:
+    """Sharing (MPS) edits when that feature is installed; unchanged otherwise."""
+    try:
+        from nvshim.mps.enforce import sharing_edits
+    except ImportError:
+        return edits
+    return sharing_edits(edits, devices, request, host, config, log)
+
+
+def _describe(devices) -> str:
+    return devices.kind if devices.kind != "list" else ",".join(devices.ids)
+
+
+def load_host_for(config: Config) -> Host:
+    """The host inventory for the runtime and hook (cached; NVML only on a cache miss)."""
+    from nvshim.host.inventory import load_host
+
+    return load_host(config.driver_root, config.dev_root, config.get("runtime", "state-dir"))
+
+
+def edits_for_spec(spec: dict[str, Any], config: Config, host: Host | None = None):
+    """The selection for an OCI spec, or None when the container asks for no GPU."""
+    from nvshim.policy.request import request_from_spec
+
+    request = request_from_spec(spec, config.values["policy"])
+    if request is None:
+        return None
+    if request.denied:
+        return Selection(ContainerEdits(), [], {"source": request.source, "denied": request.denied})
+    return select(request, host or load_host_for(config), config)

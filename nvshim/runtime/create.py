@@ -1,0 +1,63 @@
+"""The create path of ``nvshim-runtime``: decide, edit ``config.json``, log."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from nvshim.config import Config, load_config
+from nvshim.errors import NvshimError
+from nvshim.log import log_decision
+
+TOOL = "nvshim-runtime"
+MAX_SPEC_BYTES = 16 * 1024 * 1024
+
+
+def read_spec(bundle: str) -> tuple[dict, bytes]:
+    """The bundle's config.json (object) and its bytes; NvshimError when unusable."""
+    path = os.path.join(bundle, "config.json")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as err:
+        raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise NvshimError(f"{path}: larger than {MAX_SPEC_BYTES} bytes")
+    try:
+        spec = json.loads(raw)
+    except ValueError as err:
+        raise NvshimError(f"{path}: invalid JSON: {err}") from None
+    if not isinstance(spec, dict):
+        raise NvshimError(f"{path}: not a JSON object")
+    return spec, raw
+
+
+def prepare_bundle(bundle: str, container_id: str) -> Config:
+    """Edit the bundle for a GPU request; a non-GPU container's file stays byte-identical.
+
+    Returns the loaded configuration (the caller needs its runtime list). Raises
+    NvshimError (logged) when the request cannot be satisfied.
+    """
+    config = load_config()
+    log_file = config.get("runtime", "log-file")
+    spec, _raw = read_spec(bundle)
+    from nvshim.policy.select import edits_for_spec
+
+    try:
+        selection = edits_for_spec(spec, config)
+    except NvshimError as err:
+        log_decision(log_file, TOOL, container_id, error=str(err), bundle=bundle)
+        raise
+    if selection is None:
+        return config
+    if selection.edits.is_empty():
+        log_decision(log_file, TOOL, container_id, **selection.log)
+        return config
+    from nvshim.fsutil import atomic_write
+    from nvshim.oci.modify import apply_edits
+
+    apply_edits(spec, selection.edits, [d.uuid for d in selection.devices])
+    data = json.dumps(spec, separators=(",", ":")).encode()
+    atomic_write(os.path.join(bundle, "config.json"), data, backup=False)
+    log_decision(log_file, TOOL, container_id, **selection.log)
+    return config

@@ -1,0 +1,82 @@
+"""``nvshim-runtime`` entry point. Everything but ``create``/``run`` is exec'd into the
+low-level runtime unchanged; those two first edit the bundle's ``config.json``.
+
+Imports stay minimal on the pass-through path (it runs for every runc call an engine
+makes): only ``os`` and ``sys`` until a create is seen.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TOOL = "nvshim-runtime"
+
+
+def find_runtime(candidates: list[str]) -> str:
+    """First configured low-level runtime found (absolute paths or names on PATH)."""
+    path = os.environ.get("PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    me = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    for name in candidates:
+        if "/" in name:
+            options = [name]
+        else:
+            options = [os.path.join(d, name) for d in path.split(":") if d]
+        for option in options:
+            if os.path.isfile(option) and os.access(option, os.X_OK):
+                if os.path.realpath(option) != me:
+                    return option
+    from nvshim.errors import NvshimError
+
+    raise NvshimError(f"no low-level runtime found (tried {', '.join(candidates)})")
+
+
+def _runtimes() -> list[str]:
+    from nvshim.config import load_config
+
+    return load_config().get("runtime", "runtimes")
+
+
+def _report(args, message: str) -> None:
+    """An error the engine will show: stderr, and runc's JSON log when one is configured."""
+    print(f"{TOOL}: error: {message}", file=sys.stderr)
+    if args is not None and args.log:
+        import json
+        import time
+
+        record = {
+            "level": "error",
+            "msg": f"{TOOL}: {message}",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        line = json.dumps(record) if args.log_format == "json" else record["msg"]
+        try:
+            with open(args.log, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        except OSError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
+    try:
+        from nvshim.runtime.args import parse_runc_args
+
+        args = parse_runc_args(argv)
+        if args.command in ("create", "run"):
+            from nvshim.runtime.create import prepare_bundle
+
+            config = prepare_bundle(args.bundle or os.getcwd(), args.container_id or "")
+            runtimes = config.get("runtime", "runtimes")
+        else:
+            runtimes = _runtimes()
+        runtime = find_runtime(runtimes)
+    except Exception as err:  # noqa: BLE001 - every failure must be one line, never a traceback
+        from nvshim.errors import NvshimError
+
+        message = str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
+        _report(args, message)
+        return 1
+    os.execv(runtime, [runtime, *argv])
+    return 127  # not reached

@@ -9,7 +9,7 @@ from typing import Any
 from nvshim.config import Config
 from nvshim.edits import ContainerEdits
 from nvshim.host.edits import Device, common_edits, devices_edits
-from nvshim.host.model import Gpu, Host, MigDevice
+from nvshim.host.model import Host
 
 
 @dataclass
@@ -22,20 +22,18 @@ class Selection:
     log: dict[str, Any] = field(default_factory=dict)
 
 
-def parent_gpu(device: Device, host: Host) -> Gpu:
-    return host.gpu(device.parent_index) if isinstance(device, MigDevice) else device
-
-
 def select(request, host: Host, config: Config) -> Selection:
     """Resolve the request's devices, check requirements, and build the edits.
 
     Raises NvshimError (RequestError/RequirementError) when the request cannot be met.
     """
     from nvshim.policy.require import check_requirements
-    from nvshim.policy.resolve import resolve_devices
+    from nvshim.policy.resolve import requirement_facts, resolve_devices
     from nvshim.policy.visible import cuda_visible_devices
 
-    log: dict[str, Any] = {"source": request.source, "request": _describe(request.devices)}
+    log: dict[str, Any] = {"source": request.source, "request": str(request.devices)}
+    if request.warnings:
+        log["warnings"] = "; ".join(request.warnings)
     if request.denied:
         log["denied"] = request.denied
         return Selection(ContainerEdits(), [], log)
@@ -44,7 +42,7 @@ def select(request, host: Host, config: Config) -> Selection:
         request.requirements,
         host.cuda_version,
         host.driver_version,
-        [(parent_gpu(d, host).compute_capability, parent_gpu(d, host).brand) for d in devices],
+        requirement_facts(host, devices),
         disable=request.disable_require,
     )
     caps = request.capabilities
@@ -68,10 +66,6 @@ def _amend_sharing(edits, devices, request, host, config, log) -> ContainerEdits
     except ImportError:
         return edits
     return sharing_edits(edits, devices, request, host, config, log)
-
-
-def _describe(devices) -> str:
-    return devices.kind if devices.kind != "list" else ",".join(devices.ids)
 
 
 def load_host_for(config: Config) -> Host:

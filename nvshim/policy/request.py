@@ -1,0 +1,327 @@
+"""What a container asks for, read from its OCI spec (all of it hostile input).
+
+Sources, first that yields devices wins: CDI annotations naming our vendor/class,
+``/dev/null`` mounts at ``/var/run/nvidia-container-devices/<id>``, then
+``NVIDIA_VISIBLE_DEVICES`` (or a legacy CUDA image) subject to the env policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvshim.errors import NvshimError
+
+MAX_VALUE = 64 * 1024  # bytes of one device-list value
+MAX_ID = 128  # characters of one device id
+MAX_INDEX_DIGITS = 9
+DEVICES_DIR = ("var", "run", "nvidia-container-devices")
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+KINDS = ("unset", "void", "none", "all", "list")
+TRUE_WORDS = ("true", "1", "yes")
+
+_DIGITS = frozenset("0123456789")
+_UUID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
+
+_POLICY_DEFAULTS: dict[str, Any] = {
+    "accept-env-unprivileged": False,
+    "accept-volume-mounts": True,
+    "cdi-annotation-prefixes": ["cdi.k8s.io/"],
+    "default-capabilities": "utility,compute",
+    "cdi-vendor": "nvidia.com",
+    "cdi-class": "gpu",
+}
+
+
+class RequestError(NvshimError):
+    """A device request that is malformed or cannot be met."""
+
+
+@dataclass(frozen=True)
+class DeviceList:
+    """A parsed device request: ``kind`` in ``KINDS``; ``ids`` only for ``list``."""
+
+    kind: str
+    ids: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return ",".join(self.ids) if self.kind == "list" else self.kind
+
+    @property
+    def wants_gpu_driver(self) -> bool:
+        """True for ``none``, ``all`` and lists: the container is a GPU container."""
+        return self.kind in ("none", "all", "list")
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """A GPU container's request. When ``denied`` is set the container gets nothing
+    (``devices`` is then ``void``) and the reason, naming what was asked, is for the log."""
+
+    source: str  # "cdi" | "mounts" | "env" | "legacy"
+    devices: DeviceList
+    capabilities: tuple[str, ...]
+    privileged: bool
+    requirements: dict[str, str] = field(default_factory=dict)
+    disable_require: bool = False
+    denied: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+def _show(text: str, limit: int = 64) -> str:
+    """A safe, bounded rendering of hostile text for one-line messages."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def parse_device_id(raw: str, what: str = VISIBLE) -> str:
+    """One device id in canonical form, its replica suffix ``::<n>`` removed.
+
+    Accepted: an index, ``<gpu>:<mig>``, ``GPU-<uuid>``, ``MIG-<uuid>`` and legacy
+    ``MIG-GPU-<uuid>/<gi>/<ci>`` (indexes lose leading zeros). Anything else raises
+    RequestError naming ``what`` and the id.
+    """
+    entry = raw.strip()
+    if len(entry) > MAX_ID:
+        raise RequestError(f"{what}: device id longer than {MAX_ID} characters: {_show(entry)}")
+    base, sep, replica = entry.partition("::")
+    if sep and not (replica and _is_number(replica, 6)):
+        raise RequestError(f"{what}: invalid replica suffix in device id {_show(entry)}")
+    canonical = _canonical_id(base)
+    if canonical is None:
+        raise RequestError(f"{what}: invalid device id {_show(entry)}")
+    return canonical
+
+
+def _is_number(text: str, max_digits: int = MAX_INDEX_DIGITS) -> bool:
+    return 0 < len(text) <= max_digits and set(text) <= _DIGITS
+
+
+def _is_uuid_body(text: str) -> bool:
+    return bool(text) and set(text) <= _UUID_CHARS
+
+
+def _canonical_id(base: str) -> str | None:
+    if _is_number(base):
+        return str(int(base))
+    gpu, colon, mig = base.partition(":")
+    if colon:
+        if _is_number(gpu) and _is_number(mig):
+            return f"{int(gpu)}:{int(mig)}"
+        return None
+    if base.startswith("GPU-"):
+        return base if _is_uuid_body(base[4:]) else None
+    if base.startswith("MIG-GPU-") and "/" in base:
+        uuid, *rest = base[4:].split("/")
+        ok = len(rest) == 2 and _is_uuid_body(uuid[4:]) and all(_is_number(x) for x in rest)
+        return f"MIG-{uuid}/{int(rest[0])}/{int(rest[1])}" if ok else None
+    if base.startswith("MIG-"):
+        return base if _is_uuid_body(base[4:]) else None
+    return None
+
+
+def parse_device_ids(names: list[str], what: str, keywords: bool = True) -> DeviceList:
+    """A list of device names (already split): ``all`` anywhere means all; ``none`` and
+    ``void`` only alone, and only with ``keywords`` (CDI names and device mounts have no
+    such devices); ids are de-duplicated in order."""
+    names = [n.strip() for n in names]
+    names = [n for n in names if n]
+    if not names:
+        return DeviceList("void")
+    if len(names) == 1 and names[0] in ("none", "void") and keywords:
+        return DeviceList(names[0])
+    ids: list[str] = []
+    seen: set[str] = set()
+    is_all = False
+    for name in names:
+        if name == "all":
+            is_all = True
+            continue
+        if name in ("none", "void"):
+            if not keywords:
+                raise RequestError(f"{what}: {name!r} is not a device name")
+            raise RequestError(f"{what}: {name!r} cannot be combined with other devices")
+        canonical = parse_device_id(name, what)
+        if canonical not in seen:
+            seen.add(canonical)
+            ids.append(canonical)
+    return DeviceList("all") if is_all else DeviceList("list", tuple(ids))
+
+
+def parse_visible_devices(value: str | None, what: str = VISIBLE) -> DeviceList:
+    """Parse an ``NVIDIA_VISIBLE_DEVICES`` value (FACTS §3).
+
+    None is ``unset``; empty, blank or ``void`` is ``void``; ``none``; ``all``; else a
+    comma list of ids (see ``parse_device_id``), blanks around entries tolerated, replica
+    suffixes stripped, duplicates dropped. Malformed input raises RequestError.
+    """
+    if value is None:
+        return DeviceList("unset")
+    if not isinstance(value, str):
+        raise RequestError(f"{what}: not a string")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE:
+        raise RequestError(f"{what}: value longer than {MAX_VALUE} bytes")
+    return parse_device_ids(value.split(","), what)
+
+
+def is_privileged(spec: dict) -> bool:
+    """True when CAP_SYS_ADMIN is in the spec's bounding capability set."""
+    process = spec.get("process") if isinstance(spec, dict) else None
+    caps = process.get("capabilities") if isinstance(process, dict) else None
+    bounding = caps.get("bounding") if isinstance(caps, dict) else None
+    return isinstance(bounding, list) and "CAP_SYS_ADMIN" in bounding
+
+
+def spec_env(spec: dict) -> dict[str, str]:
+    """``process.env`` as a dict; later entries win (as execve); malformed entries skipped."""
+    process = spec.get("process") if isinstance(spec, dict) else None
+    entries = process.get("env") if isinstance(process, dict) else None
+    env: dict[str, str] = {}
+    if not isinstance(entries, list):
+        return env
+    for entry in entries:
+        if isinstance(entry, str) and "=" in entry:
+            key, _, value = entry.partition("=")
+            if key:
+                env[key] = value
+    return env
+
+
+def _policy(policy: dict | None, key: str) -> Any:
+    value = policy.get(key) if isinstance(policy, dict) else None
+    default = _POLICY_DEFAULTS[key]
+    if value is None or type(value) is not type(default):
+        return default
+    return value
+
+
+def devices_from_annotations(spec: dict, policy: dict) -> DeviceList | None:
+    """Our devices named by CDI annotations (``<prefix>...`` = ``vendor/class=name,...``);
+    None when no annotation names one. Other vendors' names are ignored."""
+    annotations = spec.get("annotations")
+    if not isinstance(annotations, dict):
+        return None
+    prefixes = [p for p in _policy(policy, "cdi-annotation-prefixes") if isinstance(p, str) and p]
+    kind = f"{_policy(policy, 'cdi-vendor')}/{_policy(policy, 'cdi-class')}"
+    names: list[str] = []
+    for key, value in annotations.items():
+        if not (isinstance(key, str) and isinstance(value, str)):
+            continue
+        if not any(key.startswith(p) for p in prefixes):
+            continue
+        what = f"annotation {_show(key)}"
+        if len(value) > MAX_VALUE:
+            raise RequestError(f"{what}: value longer than {MAX_VALUE} bytes")
+        for entry in value.split(","):
+            qualified, eq, name = entry.strip().partition("=")
+            if eq and qualified == kind:
+                if not name.strip():
+                    raise RequestError(f"{what}: empty device name in {_show(entry.strip())}")
+                names.append(name)
+    if not names:
+        return None
+    return parse_device_ids(names, f"annotation {kind}", keywords=False)
+
+
+def _components(path: str) -> list[str]:
+    return [c for c in path.split("/") if c not in ("", ".")]
+
+
+def devices_from_mounts(spec: dict) -> DeviceList | None:
+    """Devices named by ``/dev/null`` mounts at ``/var/run/nvidia-container-devices/<id>``.
+
+    A ``/dev/null`` mount whose destination mentions that directory must be exactly
+    ``/var/run/nvidia-container-devices/<id>`` after dropping ``.`` and repeated slashes;
+    ``..`` anywhere, a nested or missing id, or another location raises RequestError.
+    """
+    mounts = spec.get("mounts")
+    if not isinstance(mounts, list):
+        return None
+    names: list[str] = []
+    for mount in mounts:
+        if not isinstance(mount, dict):
+            continue
+        source, dest = mount.get("source"), mount.get("destination")
+        if not (isinstance(source, str) and isinstance(dest, str)):
+            continue
+        if _components(source) != ["dev", "null"]:
+            continue
+        parts = _components(dest)
+        if not any(DEVICES_DIR[-1] in p for p in parts):
+            continue
+        what = f"mount {_show(dest)}"
+        if ".." in parts:
+            raise RequestError(f"{what}: '..' is not allowed in a device mount destination")
+        if len(parts) != 4 or tuple(parts[:3]) != DEVICES_DIR:
+            raise RequestError(f"{what}: must be /var/run/nvidia-container-devices/<device id>")
+        names.append(parts[3])
+    if not names:
+        return None
+    return parse_device_ids(names, "device mounts", keywords=False)
+
+
+def _is_legacy(env: dict[str, str]) -> bool:
+    return bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
+
+
+def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
+    """The container's GPU request, or None for a container that asks for no GPU.
+
+    ``policy`` is the ``[policy]`` table of the configuration. Env requests (including
+    legacy CUDA images, which mean ``all``) are honoured for privileged containers, and
+    for unprivileged ones only with ``accept-env-unprivileged``; otherwise the request
+    comes back with ``denied`` set. Malformed requests raise RequestError, except an env
+    request that would be denied anyway.
+    """
+    if not isinstance(spec, dict):
+        raise RequestError("config.json: not a JSON object")
+    env = spec_env(spec)
+    privileged = is_privileged(spec)
+    denied: str | None = None
+    asked = ""
+    source = "cdi"
+    devices = devices_from_annotations(spec, policy)
+    if devices is None and _policy(policy, "accept-volume-mounts"):
+        source = "mounts"
+        devices = devices_from_mounts(spec)
+    if devices is None:
+        honoured = privileged or _policy(policy, "accept-env-unprivileged")
+        if VISIBLE in env:
+            source = "env"
+            asked = f"{VISIBLE}={_show(env[VISIBLE])}"
+            try:
+                devices = parse_visible_devices(env[VISIBLE])
+            except RequestError as err:
+                if honoured:
+                    raise
+                devices, asked = DeviceList("none"), str(err)
+        elif _is_legacy(env):
+            source, devices = "legacy", DeviceList("all")
+            asked = f"legacy CUDA image (CUDA_VERSION={_show(env['CUDA_VERSION'])}) means all"
+        else:
+            return None
+        if not devices.wants_gpu_driver:
+            return None
+        if not honoured:
+            denied = (
+                f"{asked} not honoured: unprivileged container and "
+                "policy.accept-env-unprivileged is false"
+            )
+            devices = DeviceList("void")
+    warnings: list[str] = []
+    from nvshim.policy.capabilities import parse_capabilities
+
+    capabilities = parse_capabilities(
+        env.get("NVIDIA_DRIVER_CAPABILITIES"), _policy(policy, "default-capabilities"), warnings
+    )
+    return ContainerRequest(
+        source=source,
+        devices=devices,
+        capabilities=capabilities,
+        privileged=privileged,
+        requirements={k: v for k, v in env.items() if k.startswith("NVIDIA_REQUIRE_")},
+        disable_require=env.get("NVIDIA_DISABLE_REQUIRE", "").strip().lower() in TRUE_WORDS,
+        denied=denied,
+        env=env,
+        warnings=tuple(warnings),
+    )

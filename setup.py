@@ -17,11 +17,11 @@ setup(
         "pyyaml>=6",
         "click>=8.1",
         "pyroute2>=0.7",
+        "jsonschema>=4.18",
     ],
     extras_require={
         "test": [
             "pytest>=7",
-            "jsonschema>=4.18",
             "ruff",
             "grpcio",
             "container-runtime-interface-api",

@@ -22,9 +22,12 @@ def edits_min_version(edits: dict[str, Any] | None) -> str:
         need = _max(need, "0.4.0")
     if any(d.get("hostPath") for d in edits.get("deviceNodes") or ()):
         need = _max(need, "0.5.0")
-    if edits.get("additionalGids") or edits.get("intelRdt"):
+    if edits.get("additionalGids") or edits.get("intelRdt") is not None:
         need = _max(need, "0.7.0")
     if edits.get("netDevices"):
+        need = _max(need, "1.1.0")
+    rdt = edits.get("intelRdt")
+    if isinstance(rdt, dict) and (rdt.get("schemata") is not None or rdt.get("enableMonitoring")):
         need = _max(need, "1.1.0")
     return need
 

@@ -1,0 +1,120 @@
+"""CDI name rules: vendor, class, device names and fully qualified ``vendor/class=name``.
+
+Vendor and class: ASCII letter first, then letters, digits, ``_ . -``, ending in a letter
+or digit. Device names: letter or digit first, then letters, digits, ``_ . : -``, ending
+in a letter or digit. (A dot in the class needs cdiVersion 0.6.0, a leading digit in a
+device name 0.5.0; see ``nvshim.cdi.version``.) Every check raises ``ValueError`` with a
+one-line message naming the value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+VENDOR_RE = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?", re.ASCII)
+CLASS_RE = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?", re.ASCII)
+DEVICE_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?", re.ASCII)
+
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_LETTERS = frozenset(c for c in _ALNUM if not c.isdigit())
+
+
+def quote(value: object, limit: int = 80) -> str:
+    """``value`` as a double-quoted, escaped, one-line string, shortened past ``limit`` chars."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return json.dumps(text)
+
+
+_RULES = {
+    "vendor": (VENDOR_RE, _LETTERS, "a letter", "_.-"),
+    "class": (CLASS_RE, _LETTERS, "a letter", "_.-"),
+    "device name": (DEVICE_RE, _ALNUM, "a letter or digit", "_.:-"),
+}
+
+
+def why_invalid(what: str, value: object) -> str | None:
+    """Why ``value`` is not a valid ``what`` (``vendor``, ``class``, ``device name``), or None.
+
+    The reason is a bare phrase (``must start with a letter``) for the caller to prefix.
+    """
+    regex, first, first_text, middle = _RULES[what]
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if regex.fullmatch(value) is not None:
+        return None
+    if value == "":
+        return "must not be empty"
+    if value[0] not in first:
+        return f"must start with {first_text}"
+    allowed = _ALNUM | frozenset(middle)
+    for ch in value:
+        if ch not in allowed:
+            return f"character {quote(ch)} is not allowed"
+    return "must end with a letter or digit"
+
+
+def _check(what: str, value: str) -> str:
+    reason = why_invalid(what, value)
+    if reason is not None:
+        raise ValueError(f"{what} {quote(value)}: {reason}")
+    return value
+
+
+def validate_vendor(vendor: str) -> str:
+    """Return ``vendor`` if it is a valid CDI vendor name, else raise ValueError."""
+    return _check("vendor", vendor)
+
+
+def validate_class(cls: str) -> str:
+    """Return ``cls`` if it is a valid CDI class name, else raise ValueError."""
+    return _check("class", cls)
+
+
+def validate_device_name(name: str) -> str:
+    """Return ``name`` if it is a valid CDI device name, else raise ValueError."""
+    return _check("device name", name)
+
+
+def parse_kind(kind: str) -> tuple[str, str]:
+    """Split a spec ``kind`` (``vendor/class``) into a validated ``(vendor, class)``."""
+    if not isinstance(kind, str):
+        raise ValueError(f"kind must be a string, got {type(kind).__name__} {quote(kind)}")
+    vendor, sep, cls = kind.partition("/")
+    if not sep or not vendor or not cls:
+        raise ValueError(f"kind {quote(kind)}: must have the form vendor/class")
+    try:
+        validate_vendor(vendor)
+        validate_class(cls)
+    except ValueError as err:
+        raise ValueError(f"kind {quote(kind)}: {err}") from None
+    return vendor, cls
+
+
+def parse_qualified_name(device: str) -> tuple[str, str, str]:
+    """Split ``vendor/class=name`` into a validated ``(vendor, class, name)``."""
+    if not isinstance(device, str):
+        raise ValueError(
+            f"CDI device must be a string, got {type(device).__name__} {quote(device)}"
+        )
+    kind, sep, name = device.partition("=")
+    vendor, slash, cls = kind.partition("/")
+    if not sep or not slash or not vendor or not cls or not name:
+        raise ValueError(f"CDI device {quote(device)}: must have the form vendor/class=name")
+    try:
+        validate_vendor(vendor)
+        validate_class(cls)
+        validate_device_name(name)
+    except ValueError as err:
+        raise ValueError(f"CDI device {quote(device)}: {err}") from None
+    return vendor, cls, name
+
+
+def qualified_name(vendor: str, cls: str, name: str) -> str:
+    """The fully qualified ``vendor/class=name`` (each part validated)."""
+    validate_vendor(vendor)
+    validate_class(cls)
+    validate_device_name(name)
+    return f"{vendor}/{cls}={name}"

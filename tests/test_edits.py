@@ -125,3 +125,16 @@ def test_apply_edits_tolerates_hostile_types():
     assert out["process"]["env"] == ["A=1"]
     assert out["mounts"][0]["destination"] == "/b"
     assert out["annotations"][INJECTED_ANNOTATION] == "none"
+
+
+def test_apply_edits_is_idempotent():
+    edits = ContainerEdits(
+        env=["A=1"],
+        device_nodes=[DeviceNode("/dev/nvidia0", None, "c", 195, 0)],
+        mounts=[Mount("/h/lib", "/lib/x", ("ro", "bind"))],
+        hooks=[Hook("createContainer", "/bin/h", ("h",), ("PATH=/b",))],
+    )
+    once = apply_edits({"process": {"env": []}}, edits, ["GPU-a"])
+    snapshot = json.dumps(once, sort_keys=True)
+    twice = apply_edits(json.loads(snapshot), edits, ["GPU-a"])
+    assert json.dumps(twice, sort_keys=True) == snapshot

@@ -62,6 +62,13 @@ def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]
         devices = [d for d in devices if d.get("path") not in ours]
         rules = _array(_table(linux, "resources"), "devices")
         for node in edits.device_nodes:
+            rule = {
+                "allow": True,
+                "type": node.type or "c",
+                "major": node.major,
+                "minor": node.minor,
+                "access": node.permissions or "rwm",
+            }
             entry: dict[str, Any] = {"path": node.path, "type": node.type or "c"}
             entry["major"] = node.major
             entry["minor"] = node.minor
@@ -70,20 +77,18 @@ def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]
             entry["uid"] = node.uid if node.uid is not None else 0
             entry["gid"] = node.gid if node.gid is not None else 0
             devices.append(entry)
-            rules.append(
-                {
-                    "allow": True,
-                    "type": node.type or "c",
-                    "major": node.major,
-                    "minor": node.minor,
-                    "access": node.permissions or "rwm",
-                }
-            )
+            if rule not in rules:
+                rules.append(rule)
         linux["devices"] = devices
 
     if edits.mounts:
         mounts = _array(spec, "mounts")
+        present = {
+            (m.get("destination"), m.get("source")) for m in mounts if isinstance(m, dict)
+        }
         for m in edits.mounts:
+            if (m.container_path, m.host_path) in present:
+                continue  # already applied (e.g. by the engine's own CDI support)
             options = list(m.options)
             if not m.type and "bind" not in options and "rbind" not in options:
                 options.append("bind")
@@ -99,7 +104,9 @@ def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]
     if edits.hooks:
         hooks = _table(spec, "hooks")
         for hook in edits.hooks:
-            _array(hooks, hook.hook_name).append(hook.to_oci())
+            stage = _array(hooks, hook.hook_name)
+            if hook.to_oci() not in stage:
+                stage.append(hook.to_oci())
 
     if edits.additional_gids:
         user = _table(process, "user")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -74,3 +75,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as err:  # noqa: BLE001 - a bug must still be one line unless debugging
+        if os.environ.get("NVSHIM_DEBUG"):
+            raise
+        click.echo(
+            f"nvshim: internal error: {type(err).__name__}: {err} "
+            "(set NVSHIM_DEBUG=1 for a traceback)",
+            err=True,
+        )
+        sys.exit(70)

@@ -40,7 +40,7 @@ def generate(
     output, fmt, strategies, vendor, cls, capabilities, hook_path, driver_root, dev_root, config
 ) -> None:
     """Write a CDI spec for every GPU and MIG device of this host, plus ``all``."""
-    from nvshim.cdi.names import validate_class_name, validate_vendor
+    from nvshim.cdi.names import validate_class, validate_vendor
     from nvshim.cdi.writer import build_spec, dump_spec, format_for
     from nvshim.policy.capabilities import parse_capabilities
 
@@ -49,11 +49,12 @@ def generate(
     cls = cls or config.get("policy", "cdi-class")
     try:
         validate_vendor(vendor)
-        validate_class_name(cls)
+        validate_class(cls)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    caps, cap_warnings = parse_capabilities(
-        capabilities, config.get("policy", "default-capabilities")
+    cap_warnings: list[str] = []
+    caps = parse_capabilities(
+        capabilities, config.get("policy", "default-capabilities"), cap_warnings
     )
     for warning in cap_warnings:
         click.echo(f"nvshim: warning: {warning}", err=True)
@@ -88,8 +89,8 @@ def list_(spec_dirs) -> None:
     """Print vendor/class=name of every device in the CDI spec directories."""
     from nvshim.cdi.registry import DEFAULT_SPEC_DIRS, list_devices
 
-    result = list_devices(spec_dirs or DEFAULT_SPEC_DIRS)
-    names, warnings = result if isinstance(result, tuple) else (result, [])
+    warnings: list[str] = []
+    names = list_devices(spec_dirs or DEFAULT_SPEC_DIRS, warnings)
     for warning in warnings:
         click.echo(f"nvshim: warning: {warning}", err=True)
     for name in names:

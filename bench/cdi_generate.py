@@ -47,16 +47,27 @@ def main() -> None:
                 root = os.path.join(tmp, f"h{gpus}{'m' if mig else ''}")
                 host = build_host(generate_topology(gpus, mig), root)
                 out = os.path.join(tmp, "spec.yaml")
-                argv = [nvshim, "cdi", "generate", "--driver-root", host.driver_root,
-                        "--dev-root", host.dev_root, "-o", out]
+                argv = [
+                    nvshim,
+                    "cdi",
+                    "generate",
+                    "--driver-root",
+                    host.driver_root,
+                    "--dev-root",
+                    host.dev_root,
+                    "-o",
+                    out,
+                ]
                 wall = timed(argv, env)
                 import yaml
 
                 with open(out) as fh:
                     devices = len(yaml.safe_load(fh)["devices"]) - 1  # minus "all"
                 rows.append((gpus, mig, devices, wall))
-                print(f"{gpus:>5} {'yes' if mig else 'no':>4} {devices:>8} {wall * 1000:>9.1f} "
-                      f"{wall * 1000 / max(devices, 1):>10.2f}")
+                print(
+                    f"{gpus:>5} {'yes' if mig else 'no':>4} {devices:>8} {wall * 1000:>9.1f} "
+                    f"{wall * 1000 / max(devices, 1):>10.2f}"
+                )
     base = rows[0][3]
     big = rows[-1]
     print(f"64-GPU MIG / 1-GPU cost ratio: {big[3] / base:.2f} for {big[2]}x the devices")

@@ -112,10 +112,12 @@ def start_daemon():
     for d in (pipe_dir, log_dir):
         os.makedirs(d, exist_ok=True)
     ready_r, ready_w = os.pipe()
-    if os.fork() > 0:  # the caller's process: wait until the daemon is ready
+    child = os.fork()
+    if child > 0:  # the caller's process: wait until the daemon is ready
         os.close(ready_w)
         with os.fdopen(ready_r, "rb") as fh:
             status = fh.read()
+        os.waitpid(child, 0)  # the intermediate process (it exits at once)
         if status != b"ok":
             print(status.decode("utf-8", "replace") or "daemon failed to start", file=sys.stderr)
             return 1

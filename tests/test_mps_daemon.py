@@ -1,0 +1,278 @@
+"""`nvshim mps start|stop|status` with real processes: the fake nvidia-cuda-mps-control in a
+simulated driver root, compute modes through the fake NVML and real pynvml, real tmpfs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+
+import pytest
+
+from nvshim.host.discover import discover_host
+from nvshim.host.model import Host
+from nvshim.mps import compute
+from tests.conftest import run_nvshim
+from tests.sim import fake_mps_control
+from tests.sim.simhost import SimHost, build_host
+
+GPU0 = "GPU-92e91e7d-ffd7-601c-459e-d7fde767a1c6"
+GPU1 = "GPU-9d9231cf-dcd5-4b0e-0f9d-e8a86f92f3cc"
+GPU2 = "GPU-f2af56f9-8248-ff94-8cb3-7bd99c962855"
+GPU6 = "GPU-f73b3dbf-c113-9b90-fdd9-8529c42fd596"
+MIG_6_2 = "MIG-dd355a87-3a27-cc3f-2218-7ad3de192436"
+SHARED = {GPU0: ("0", 81559 // 4), GPU1: ("1", 81559 // 4), MIG_6_2: ("6:2", 9856 // 4)}
+SHARING = """version: v1
+sharing:
+  mps:
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+      devices: [0, "GPU-9d9231cf-dcd5-4b0e-0f9d-e8a86f92f3cc", "6:2"]
+"""
+
+
+@dataclass
+class MpsHost:
+    sim: SimHost
+    host: Host
+    config: str
+    root: str
+
+    def nvshim(self, *args: str):
+        return run_nvshim(*args, env={"NVSHIM_CONFIG": self.config})
+
+    def dirs(self, uuid: str) -> tuple[str, str, str]:
+        base = os.path.join(self.root, uuid)
+        return tuple(os.path.join(base, d) for d in ("pipe", "log", "shm"))
+
+    def pid(self, uuid: str) -> int | None:
+        try:
+            with open(os.path.join(self.dirs(uuid)[0], "nvidia-cuda-mps-control.pid")) as fh:
+                return int(fh.read())
+        except FileNotFoundError:
+            return None
+
+    def log(self, uuid: str) -> list[str]:
+        with open(os.path.join(self.dirs(uuid)[1], "control.log")) as fh:
+            return fh.read().splitlines()
+
+    def mode(self, uuid: str) -> int:
+        with compute.nvml_session(self.host) as nvml:
+            return compute.get_compute_mode(nvml, uuid)
+
+    def set_mode(self, uuid: str, mode: int) -> None:
+        with compute.nvml_session(self.host) as nvml:
+            compute.set_compute_mode(nvml, uuid, mode)
+
+    def client(self, uuid: str, commands: str) -> str:
+        """Talk to a daemon with the driver root's client form, as an operator would."""
+        pipe, log, _ = self.dirs(uuid)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "CUDA_MPS_PIPE_DIRECTORY": pipe,
+            "CUDA_MPS_LOG_DIRECTORY": log,
+        }
+        binary = self.sim.host_path("/usr/bin/nvidia-cuda-mps-control")
+        return subprocess.run(
+            [binary],
+            input=commands,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+
+
+def _alive(pid: int) -> bool:
+    """Exists and is not a zombie (this sandbox's init may not reap orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _mounted(path: str) -> str | None:
+    """The fs type and super options of the mount at ``path``, None when not a mountpoint."""
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            if fields[4] == path:
+                after = fields[fields.index("-") + 1 :]
+                return f"{after[0]} {after[2]}"
+    return None
+
+
+def _build(root, extra_files) -> MpsHost:
+    sim = build_host("h100x8-mig", str(root / "host"), extra_files=extra_files)
+    (root / "sharing.yaml").write_text(SHARING)
+    mps_root = str(root / "mps")
+    config = root / "config.toml"
+    config.write_text(
+        f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
+        f'[sharing]\nconfig = "{root / "sharing.yaml"}"\nmps-root = "{mps_root}"\n'
+    )
+    return MpsHost(sim, discover_host(sim.driver_root, sim.dev_root), str(config), mps_root)
+
+
+def _cleanup(ctx: MpsHost) -> None:
+    """Stop what the test started; kill only daemons whose pid files our fake wrote."""
+    ctx.nvshim("mps", "stop")
+    for uuid in os.listdir(ctx.root) if os.path.isdir(ctx.root) else ():
+        pid = ctx.pid(uuid)
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        shm = ctx.dirs(uuid)[2]
+        if _mounted(shm):
+            subprocess.run(["umount", "-l", shm], check=False)
+
+
+@pytest.fixture
+def mps(tmp_path):
+    ctx = _build(tmp_path, fake_mps_control.extra_files())
+    yield ctx
+    _cleanup(ctx)
+
+
+def test_start_runs_one_daemon_per_shared_device_then_stop_undoes_it(mps):
+    assert mps.mode(GPU1) == compute.DEFAULT
+    proc = mps.nvshim("mps", "start", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = {d["uuid"]: d for d in json.loads(proc.stdout)["daemons"]}
+    assert set(report) == set(SHARED)
+    for uuid, (name, memory_mib) in SHARED.items():
+        pipe, log, shm = mps.dirs(uuid)
+        pid = mps.pid(uuid)
+        assert report[uuid]["action"] == "started" and report[uuid]["pid"] == pid
+        assert report[uuid]["healthy"] and report[uuid]["name"] == name
+        assert _alive(pid)
+        start = json.loads(mps.log(uuid)[0].split(" ", 1)[1])
+        env = start["env"]
+        assert start["argv"][1:] == ["-d"] and start["uid"] == 0
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+        assert env["CUDA_MPS_LOG_DIRECTORY"] == log
+        assert env["CUDA_VISIBLE_DEVICES"] == uuid
+        assert set(env) <= {
+            "PATH",
+            "LD_LIBRARY_PATH",
+            "CUDA_MPS_PIPE_DIRECTORY",
+            "CUDA_MPS_LOG_DIRECTORY",
+            "CUDA_VISIBLE_DEVICES",
+            "LC_CTYPE",
+        }
+        assert mps.log(uuid)[1:] == [
+            "cmd set_default_active_thread_percentage 25",
+            f"cmd set_default_device_pinned_mem_limit 0 {memory_mib}M",
+            "cmd get_default_active_thread_percentage",
+        ]
+        # the daemon's /dev/shm is the device's own tmpfs, not the host's
+        marker = os.path.basename(start["shm_marker"])
+        assert os.path.exists(os.path.join(shm, marker))
+        assert not os.path.exists(os.path.join("/dev/shm", marker))
+        assert _mounted(shm).startswith("tmpfs ") and "size=65536k" in _mounted(shm)
+    assert (mps.mode(GPU0), mps.mode(GPU1)) == (compute.EXCLUSIVE_PROCESS,) * 2
+    assert (mps.mode(GPU2), mps.mode(GPU6)) == (compute.DEFAULT, compute.DEFAULT)
+
+    pids = {u: mps.pid(u) for u in SHARED}
+    again = mps.nvshim("mps", "start", "--json")
+    assert again.returncode == 0, again.stderr
+    assert {d["uuid"]: (d["action"], d["pid"]) for d in json.loads(again.stdout)["daemons"]} == {
+        u: ("already running", pids[u]) for u in SHARED
+    }
+    assert sum(line.startswith("start ") for line in mps.log(GPU0)) == 1
+
+    stop = mps.nvshim("mps", "stop")
+    assert stop.returncode == 0, stop.stderr
+    for uuid, pid in pids.items():
+        assert not _alive(pid)
+        assert mps.pid(uuid) is None
+        assert "cmd quit" in mps.log(uuid) and mps.log(uuid)[-1] == "quit"
+        assert _mounted(mps.dirs(uuid)[2]) is None
+        assert not os.path.exists(os.path.join(mps.root, uuid, "state.json"))
+    assert (mps.mode(GPU0), mps.mode(GPU1)) == (compute.DEFAULT,) * 2
+
+
+def test_stop_restores_the_compute_mode_found_at_start(mps):
+    mps.set_mode(GPU1, compute.PROHIBITED)
+    assert mps.nvshim("mps", "start", "--gpu", "1").returncode == 0
+    assert mps.mode(GPU1) == compute.EXCLUSIVE_PROCESS
+    assert mps.pid(GPU0) is None  # only the device asked for
+    proc = mps.nvshim("mps", "stop", "--gpu", GPU1)
+    assert proc.returncode == 0, proc.stderr
+    assert "Prohibited" in proc.stdout
+    assert mps.mode(GPU1) == compute.PROHIBITED
+
+
+def test_status_shows_limits_and_catches_drift_and_dead_daemons(mps):
+    assert mps.nvshim("mps", "start").returncode == 0
+    proc = mps.nvshim("mps", "status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    status = {d["uuid"]: d for d in json.loads(proc.stdout)["daemons"]}
+    assert all(d["healthy"] and d["running"] for d in status.values())
+    assert (status[GPU0]["thread_percentage"], status[GPU0]["memory_limit_mib"]) == (25, 20389)
+    assert status[GPU0]["compute_mode"] == "Exclusive_Process"
+    assert status[MIG_6_2]["compute_mode"] is None  # MIG devices keep their parent's mode
+
+    # someone loosened GPU 1's default share behind nvshim's back
+    assert mps.client(GPU1, "set_default_active_thread_percentage 100\n").strip() == "100.0"
+    # and GPU 0's daemon died
+    os.kill(mps.pid(GPU0), signal.SIGKILL)
+    proc = mps.nvshim("mps", "status", "--json")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0
+    assert "2 of 3 MPS daemon(s) not running or unhealthy: 0, 1" in proc.stderr
+    status = {d["uuid"]: d for d in json.loads(proc.stdout)["daemons"]}
+    assert status[GPU1]["running"] and not status[GPU1]["healthy"]
+    assert status[GPU1]["reported_thread_percentage"] == 100.0
+    assert not status[GPU0]["running"] and "stale pid file" in status[GPU0]["problem"]
+    assert status[MIG_6_2]["healthy"]
+
+    table = mps.nvshim("mps", "status").stdout
+    assert "25% (daemon 100%)" in table and "unhealthy" in table
+    assert (
+        "the daemon's default active thread percentage is 100%, the sharing config wants 25%"
+        in (table)
+    )
+
+    stop = mps.nvshim("mps", "stop")
+    assert stop.returncode == 0, stop.stderr
+    assert mps.mode(GPU0) == compute.DEFAULT  # restored although its daemon had died
+
+
+def test_unknown_or_unshared_gpu_is_a_usage_error(mps):
+    proc = mps.nvshim("mps", "start", "--gpu", "2")
+    assert proc.returncode == 2
+    assert "--gpu 2: not an MPS-shared device (those are: 0, 1, 6:2)" in proc.stderr
+    assert not os.path.exists(os.path.join(mps.root, GPU2))
+
+
+FAILING_CONTROL = '#!/bin/sh\n[ "$1" = -d ] && { echo "cannot open /dev/nvidiactl" >&2; exit 1; }\n'
+
+
+def test_a_failed_start_is_undone(tmp_path):
+    ctx = _build(tmp_path, {"usr/bin/nvidia-cuda-mps-control": FAILING_CONTROL})
+    try:
+        proc = ctx.nvshim("mps", "start", "--gpu", "1")
+        assert proc.returncode == 1
+        line = proc.stderr.strip()
+        assert "\n" not in line and "Traceback" not in line
+        assert "device 1 (" + GPU1 + ")" in line and "cannot open /dev/nvidiactl" in line
+        assert ctx.mode(GPU1) == compute.DEFAULT
+        assert _mounted(ctx.dirs(GPU1)[2]) is None
+        assert not os.path.exists(os.path.join(ctx.root, GPU1, "state.json"))
+
+        binary = ctx.sim.host_path("/usr/bin/nvidia-cuda-mps-control")
+        os.chmod(binary, 0o777)
+        proc = ctx.nvshim("mps", "start", "--gpu", "0")
+        assert proc.returncode == 1
+        assert "refusing to run a binary not owned by root or writable by group/others" in (
+            proc.stderr
+        )
+        assert ctx.mode(GPU0) == compute.DEFAULT
+    finally:
+        _cleanup(ctx)

@@ -72,10 +72,12 @@ def write_launchers(bin_dir: str) -> list[str]:
 
 
 def hook_entry(hook_path: str, hook_name: str, *args: str) -> Hook:
-    """An OCI hook entry running ``nvshim-hook <args>`` with the minimal explicit env."""
-    return Hook(
-        hook_name=hook_name,
-        path=hook_path,
-        args=("nvshim-hook", *args),
-        env=HOOK_ENV,
-    )
+    """An OCI hook entry running ``nvshim-hook <args>`` with the minimal explicit env.
+
+    A non-default nvshim config (``NVSHIM_CONFIG`` of the process writing the entry, an
+    operator's choice, never the container's) is passed on so the hook reads the same one.
+    """
+    env = HOOK_ENV
+    if os.environ.get("NVSHIM_CONFIG"):
+        env = (*HOOK_ENV, f"NVSHIM_CONFIG={os.environ['NVSHIM_CONFIG']}")
+    return Hook(hook_name=hook_name, path=hook_path, args=("nvshim-hook", *args), env=env)

@@ -27,12 +27,19 @@ def format_record(tool: str, container_id: str, fields: dict[str, object]) -> st
 
 
 def log_decision(
-    log_file: str | None, tool: str, container_id: str, error: str | None = None, **fields: object
+    log_file: str | None,
+    tool: str,
+    container_id: str,
+    error: str | None = None,
+    echo: bool = True,
+    **fields: object,
 ) -> None:
-    """Append one decision line; an ``error`` also goes to stderr. Never raises."""
+    """Append one decision line; an ``error`` also goes to stderr (unless ``echo`` is
+    False: the caller reports it itself). Never raises."""
     if error is not None:
         fields = {**fields, "error": error}
-        print(f"{tool}: error: {error}", file=sys.stderr)
+        if echo:
+            print(f"{tool}: error: {error}", file=sys.stderr)
     line = format_record(tool, container_id, fields)
     if not log_file:
         return

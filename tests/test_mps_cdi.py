@@ -143,3 +143,29 @@ def test_podman_applies_the_shared_spec(cdi_host, tmp_path):
         assert marker in out
     finally:
         run_nvshim("mps", "stop", env=env)
+
+
+def test_cli_generate_sharing_writes_the_shared_spec(cdi_host, tmp_path):
+    root, _host, _config = cdi_host
+    out = tmp_path / "shared.yaml"
+    proc = run_nvshim(
+        "cdi",
+        "generate",
+        "--sharing",
+        "-o",
+        str(out),
+        "--device-name-strategy",
+        "uuid",
+        env={"NVSHIM_CONFIG": str(root / "config.toml")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    import yaml
+
+    spec = yaml.safe_load(out.read_text())
+    assert spec["kind"] == "nvidia.com/gpu.shared"
+    assert spec["cdiVersion"] == "0.6.0"
+    names = {d["name"] for d in spec["devices"]}
+    assert {GPU1, MIG_6_2} <= names and GPU3 not in names
+    env = _devices(spec)[GPU1].get("env", [])
+    assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps" in env
+    assert run_nvshim("cdi", "validate", str(out)).returncode == 0

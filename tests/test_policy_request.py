@@ -490,3 +490,24 @@ def test_policy_modules_import_only_stdlib_and_nvshim():
         check=True,
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_raw_ids_keep_replica_suffixes_for_every_source():
+    from nvshim.policy.request import request_from_spec
+
+    policy = {
+        "accept-env-unprivileged": True,
+        "accept-volume-mounts": True,
+        "cdi-annotation-prefixes": ["cdi.k8s.io/"],
+        "default-capabilities": "utility,compute",
+        "cdi-vendor": "nvidia.com",
+        "cdi-class": "gpu",
+    }
+    spec = {"annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=GPU-a::0,nvidia.com/gpu=GPU-a::1"}}
+    req = request_from_spec(spec, policy)
+    assert req.devices.ids == ("GPU-a",)
+    assert req.raw_ids == ("GPU-a::0", "GPU-a::1")
+    spec = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0::1, 0::2"]}}
+    assert request_from_spec(spec, policy).raw_ids == ("0::1", "0::2")
+    spec = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}}
+    assert request_from_spec(spec, policy).raw_ids is None

@@ -35,18 +35,37 @@ def cdi() -> None:
     help="Driver capabilities whose files the spec carries (default: utility,compute).",
 )
 @click.option("--hook-path", default=None, help="nvshim-hook launcher the spec's hooks run.")
+@click.option(
+    "--sharing",
+    is_flag=True,
+    help="Write the spec of the MPS-shared devices of the sharing config (class gpu.shared).",
+)
 @root_options
 def generate(
-    output, fmt, strategies, vendor, cls, capabilities, hook_path, driver_root, dev_root, config
+    output,
+    fmt,
+    strategies,
+    vendor,
+    cls,
+    capabilities,
+    hook_path,
+    sharing,
+    driver_root,
+    dev_root,
+    config,
 ) -> None:
-    """Write a CDI spec for every GPU and MIG device of this host, plus ``all``."""
+    """Write a CDI spec for every GPU and MIG device of this host, plus ``all``.
+
+    With --sharing, a spec whose devices are the MPS-shared ones, each carrying its MPS
+    pipe directory, limits and /dev/shm (cdiVersion 0.6.0 for the dotted class; podman 4.3
+    needs an undotted --class such as gpushared)."""
     from nvshim.cdi.names import validate_class, validate_vendor
     from nvshim.cdi.writer import build_spec, dump_spec, format_for
     from nvshim.policy.capabilities import parse_capabilities
 
     fmt = format_for(output, fmt)
     vendor = vendor or config.get("policy", "cdi-vendor")
-    cls = cls or config.get("policy", "cdi-class")
+    cls = cls or ("gpu.shared" if sharing else config.get("policy", "cdi-class"))
     try:
         validate_vendor(vendor)
         validate_class(cls)
@@ -59,14 +78,23 @@ def generate(
     for warning in cap_warnings:
         click.echo(f"nvshim: warning: {warning}", err=True)
     host = discover(driver_root, dev_root)
-    spec = build_spec(
-        host,
-        caps,
-        hook_path or config.get("runtime", "hook-path"),
-        vendor=vendor,
-        cls=cls,
-        strategies=strategies or ("index",),
-    )
+    hook_path = hook_path or config.get("runtime", "hook-path")
+    if sharing:
+        from nvshim.mps.cdi import shared_spec
+
+        spec = shared_spec(
+            host,
+            config,
+            caps,
+            hook_path,
+            vendor=vendor,
+            cls=cls,
+            strategies=strategies or ("index",),
+        )
+    else:
+        spec = build_spec(
+            host, caps, hook_path, vendor=vendor, cls=cls, strategies=strategies or ("index",)
+        )
     text = dump_spec(spec, fmt)
     if not output:
         sys.stdout.write(text)

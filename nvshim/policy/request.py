@@ -43,6 +43,8 @@ class DeviceList:
 
     kind: str
     ids: tuple[str, ...] = ()
+    # the names as given, before replica suffixes were stripped and repeats dropped
+    raw: tuple[str, ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         return ",".join(self.ids) if self.kind == "list" else self.kind
@@ -67,6 +69,11 @@ class ContainerRequest:
     denied: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+
+    @property
+    def raw_ids(self) -> tuple[str, ...] | None:
+        """Device names as the request gave them (replica suffixes kept), if a list."""
+        return self.devices.raw if self.devices.kind == "list" else None
 
 
 def _show(text: str, limit: int = 64) -> str:
@@ -145,7 +152,7 @@ def parse_device_ids(names: list[str], what: str, keywords: bool = True) -> Devi
         if canonical not in seen:
             seen.add(canonical)
             ids.append(canonical)
-    return DeviceList("all") if is_all else DeviceList("list", tuple(ids))
+    return DeviceList("all") if is_all else DeviceList("list", tuple(ids), tuple(names))
 
 
 def parse_visible_devices(value: str | None, what: str = VISIBLE) -> DeviceList:

@@ -46,7 +46,7 @@ def prepare_bundle(bundle: str, container_id: str) -> Config:
     try:
         selection = edits_for_spec(spec, config)
     except NvshimError as err:
-        log_decision(log_file, TOOL, container_id, error=str(err), bundle=bundle)
+        log_decision(log_file, TOOL, container_id, error=str(err), echo=False, bundle=bundle)
         raise
     if selection is None:
         return config

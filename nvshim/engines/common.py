@@ -1,0 +1,219 @@
+"""Safe writing of engine configuration files: lock, backup, record, atomic write, diff.
+
+Beside each configuration file nvshim keeps (only while it has changes there):
+
+- ``<file>.nvshim.bak``: the file as it was before the first ``configure``;
+- ``<file>.nvshim.state``: JSON record of what nvshim set (key, value before, value after)
+  and the SHA-256 of the bytes it last wrote, so ``unconfigure`` can give back the exact
+  original when nothing else changed the file, and otherwise undo only nvshim's own keys;
+- ``<file>.nvshim.lock``: held with ``flock`` for the whole read-modify-write.
+
+Engines read every file in a drop-in directory (CRI-O parses all of ``crio.conf.d``), so
+for a file in a ``*.d`` directory these live one level up, named after the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvshim.errors import NvshimError
+from nvshim.fsutil import atomic_write
+
+BACKUP_SUFFIX = ".nvshim.bak"
+STATE_SUFFIX = ".nvshim.state"
+LOCK_SUFFIX = ".nvshim.lock"
+STATE_FORMAT = 1
+
+
+def sidecar_base(path: str) -> str:
+    """The path nvshim's backup, state and lock names for ``path`` start with."""
+    directory, name = os.path.split(os.path.abspath(path))
+    if directory.endswith(".d") and directory != "/":
+        parent, dirname = os.path.split(directory)
+        return os.path.join(parent, f"{dirname}.{name}")
+    return os.path.join(directory, name)
+
+
+def backup_path(path: str) -> str:
+    return sidecar_base(path) + BACKUP_SUFFIX
+
+
+def state_path(path: str) -> str:
+    return sidecar_base(path) + STATE_SUFFIX
+
+
+def sha256(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def read_bytes(path: str) -> bytes | None:
+    """The file's bytes, or ``None`` when it does not exist."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise NvshimError(f"{path}: is a directory, expected a file") from None
+    except OSError as err:
+        raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
+
+
+def decode(path: str, data: bytes | None) -> str:
+    """``data`` as text (empty for a missing file); non-UTF-8 is a one-line error."""
+    if data is None:
+        return ""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise NvshimError(f"{path}:{line}: not valid UTF-8") from None
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """Hold an exclusive lock for ``path`` (a lock file beside it, removed on release)."""
+    lock = sidecar_base(path) + LOCK_SUFFIX
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    while True:
+        try:
+            fd = os.open(lock, flags, 0o600)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise NvshimError(f"{lock}: is a symbolic link; refusing to lock") from None
+            raise NvshimError(f"{lock}: cannot create lock: {err.strerror}") from None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # The holder before us may have removed the file: then lock the new one instead.
+        try:
+            now = os.stat(lock, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        mine = os.fstat(fd)
+        if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+@dataclass
+class FileState:
+    """What nvshim recorded about one configuration file."""
+
+    original_sha256: str | None  # None: the file did not exist
+    written_sha256: str | None = None
+    pristine: bool = True  # nothing but nvshim changed the file since the original
+    created_dirs: list[str] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        data = {
+            "format": STATE_FORMAT,
+            "original_sha256": self.original_sha256,
+            "written_sha256": self.written_sha256,
+            "pristine": self.pristine,
+            "created_dirs": self.created_dirs,
+            "records": [{k: v for k, v in r.items() if k != "claim"} for r in self.records],
+        }
+        return (json.dumps(data, indent=2) + "\n").encode()
+
+
+def load_state(path: str) -> FileState | None:
+    """The record for ``path``, or ``None`` (none, or unreadable: then nvshim falls back
+    to removing only what is recognisably its own)."""
+    raw = read_bytes(state_path(path))
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        if data.get("format") != STATE_FORMAT:
+            return None
+        return FileState(
+            original_sha256=data["original_sha256"],
+            written_sha256=data["written_sha256"],
+            pristine=bool(data["pristine"]),
+            created_dirs=list(data.get("created_dirs", [])),
+            records=list(data["records"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def save_state(path: str, state: FileState) -> None:
+    atomic_write(state_path(path), state.to_json(), mode=0o600, backup=False)
+
+
+def remove_state(path: str, keep_backup: bool = False) -> None:
+    """Forget ``path``: remove its state (and backup unless ``keep_backup``)."""
+    victims = [state_path(path)] + ([] if keep_backup else [backup_path(path)])
+    for victim in victims:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(victim)
+
+
+def write_backup(path: str, data: bytes) -> str:
+    """Keep ``data`` (the original of ``path``) beside it with the original's mode and owner."""
+    st = os.stat(path)
+    target = backup_path(path)
+    atomic_write(target, data, mode=st.st_mode & 0o7777, backup=False)
+    with contextlib.suppress(PermissionError):
+        os.chown(target, st.st_uid, st.st_gid)
+    return target
+
+
+def make_dirs(directory: str) -> list[str]:
+    """Create ``directory`` and missing parents (mode 0755); return those created, outer first."""
+    created: list[str] = []
+    current = os.path.abspath(directory)
+    while not os.path.isdir(current):
+        created.append(current)
+        current = os.path.dirname(current)
+    for path in reversed(created):
+        os.mkdir(path, 0o755)
+    return list(reversed(created))
+
+
+def remove_empty_dirs(dirs: list[str]) -> None:
+    """Remove the directories nvshim created, innermost first, where they are empty."""
+    for path in reversed(dirs):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
+def write_file(path: str, data: bytes | None) -> None:
+    """Replace ``path`` atomically (mode and owner kept), or remove it when ``data`` is None."""
+    if data is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    atomic_write(path, data, backup=False)
+
+
+def unified_diff(path: str, old: bytes | None, new: bytes | None) -> str:
+    """A unified diff between two versions of ``path`` (``None``: absent)."""
+    before = decode(path, old).splitlines(keepends=True)
+    after = decode(path, new).splitlines(keepends=True)
+    lines = difflib.unified_diff(
+        before,
+        after,
+        fromfile=path if old is not None else "/dev/null",
+        tofile=path if new is not None else "/dev/null",
+    )
+    out = []
+    for line in lines:
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)

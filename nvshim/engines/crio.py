@@ -1,0 +1,143 @@
+"""CRI-O: ``crio.runtime.runtimes.<name>`` in a drop-in of its own (by default).
+
+The monitor settings (``monitor_path``, ``monitor_cgroup`` ...) are copied from the runtime
+CRI-O uses by default, read from ``crio.conf`` and the other drop-ins the way CRI-O reads
+them (main file, then the drop-in directory in name order).
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim.engines.common import decode, read_bytes
+from nvshim.engines.doc import Document
+from nvshim.engines.records import Edit, recorded_before
+from nvshim.engines.settings import Settings
+from nvshim.engines.tomldoc import TomlDoc
+
+RUNTIME = ("crio", "runtime")
+COPIED = ("monitor_path", "monitor_cgroup", "monitor_env", "monitor_exec_cgroup")
+BUILTIN_DEFAULTS = ("crun", "runc")
+
+
+def load(path: str, text: str) -> Document:
+    return TomlDoc(text, path)
+
+
+def files(s: Settings) -> list[str]:
+    return [s.config]
+
+
+def source_files(config: str) -> list[str]:
+    """The files CRI-O reads, in its order, that bear on ``config``'s runtime: for a
+    drop-in, ``crio.conf`` and the other drop-ins; for ``crio.conf``, itself and
+    ``crio.conf.d``."""
+    config = os.path.abspath(config)
+    directory = os.path.dirname(config)
+    if directory.endswith(".d"):
+        main, dropins = directory[: -len(".d")], directory
+    else:
+        main, dropins = config, config + ".d"
+    try:
+        names = sorted(os.listdir(dropins))
+    except OSError:
+        names = []
+    found = [main] + [os.path.join(dropins, n) for n in names]
+    return [p for p in found if os.path.isfile(p) and (p != config or p == main)]
+
+
+def _effective(paths: list[str]) -> tuple[str | None, dict]:
+    """CRI-O's default runtime name and runtime tables over ``paths``."""
+    default = None
+    runtimes: dict = {}
+    for path in paths:
+        doc = TomlDoc(decode(path, read_bytes(path)), path)
+        name = doc.get(RUNTIME + ("default_runtime",))
+        if isinstance(name, str) and name:
+            default = name
+        found = doc.get(RUNTIME + ("runtimes",))
+        if isinstance(found, dict):
+            for key, table in found.items():
+                if isinstance(table, dict):
+                    runtimes[key] = {**runtimes.get(key, {}), **table}
+    return default, runtimes
+
+
+def runtime_table(s: Settings, history: list[dict]) -> dict:
+    """The nvshim handler, with the monitor settings of CRI-O's default runtime (the one
+    before nvshim's when nvshim made itself the default)."""
+    default, runtimes = _effective(source_files(s.config))
+    if default == s.runtime_name:
+        default = recorded_before(history, RUNTIME + ("default_runtime",))
+    entry: dict = {"runtime_path": s.runtime_path, "runtime_type": "oci"}
+    for candidate in (default, *BUILTIN_DEFAULTS):
+        if candidate and candidate != s.runtime_name and candidate in runtimes:
+            for key in COPIED:
+                if key in runtimes[candidate]:
+                    entry[key] = runtimes[candidate][key]
+            break
+    return entry
+
+
+def _is_ours(s: Settings):
+    def claim(entry: object) -> bool:
+        path = entry.get("runtime_path") if isinstance(entry, dict) else None
+        return isinstance(path, str) and (
+            path == s.runtime_path or os.path.basename(path) == "nvshim-runtime"
+        )
+
+    return claim
+
+
+def plan(
+    s: Settings, docs: dict[str, Document], history: dict[str, list[dict]]
+) -> tuple[dict[str, list], list[str]]:
+    """Edits for the drop-in, and a note when ``--enable-cdi`` has nothing to do."""
+    warnings = []
+    if s.enable_cdi:
+        warnings.append(
+            "CRI-O reads CDI specs without a setting (cdi_spec_dirs): nothing to enable"
+        )
+    edits = []
+    if s.set_as_default:
+        edits.append(
+            Edit(
+                RUNTIME + ("default_runtime",),
+                s.runtime_name,
+                what=f"made {s.runtime_name!r} the default runtime",
+            )
+        )
+    edits.append(
+        Edit(
+            RUNTIME + ("runtimes", s.runtime_name),
+            runtime_table(s, history.get(s.config, [])),
+            kind="owned",
+            what=f"runtime {s.runtime_name!r} -> {s.runtime_path}",
+            claim=_is_ours(s),
+        )
+    )
+    return {s.config: edits}, warnings
+
+
+def claims(s: Settings, path: str, doc: Document) -> list[dict]:
+    """Records to undo when nvshim has none: its handler and default."""
+    owner = s.runtime_name
+    return [
+        {"owner": owner, "guess": True, "kind": "parent", "keys": ["crio"]},
+        {"owner": owner, "guess": True, "kind": "parent", "keys": ["crio", "runtime"]},
+        {"owner": owner, "guess": True, "kind": "parent", "keys": ["crio", "runtime", "runtimes"]},
+        {
+            "owner": owner,
+            "guess": True,
+            "kind": "owned",
+            "keys": ["crio", "runtime", "runtimes", s.runtime_name],
+            "claim": _is_ours(s),
+        },
+        {
+            "owner": owner,
+            "guess": True,
+            "kind": "set",
+            "keys": ["crio", "runtime", "default_runtime"],
+            "after": s.runtime_name,
+        },
+    ]

@@ -1,0 +1,79 @@
+"""Docker: ``runtimes.<name>`` in ``daemon.json``, optional ``default-runtime`` and CDI.
+
+``features.cdi`` is merged into an existing ``features`` map (the reference toolkit once
+replaced the whole map); every other key is left as it is.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim.engines.doc import Document
+from nvshim.engines.jsondoc import JsonDoc
+from nvshim.engines.records import Edit
+from nvshim.engines.settings import Settings
+
+
+def load(path: str, text: str) -> Document:
+    return JsonDoc(text, path)
+
+
+def files(s: Settings) -> list[str]:
+    return [s.config]
+
+
+def _is_ours(s: Settings):
+    def claim(entry: object) -> bool:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        return isinstance(path, str) and (
+            path == s.runtime_path or os.path.basename(path) == "nvshim-runtime"
+        )
+
+    return claim
+
+
+def plan(
+    s: Settings, docs: dict[str, Document], history: dict[str, list[dict]]
+) -> tuple[dict[str, list], list[str]]:
+    """Edits for ``daemon.json`` (no warnings)."""
+    edits = [
+        Edit(
+            ("runtimes", s.runtime_name),
+            {"path": s.runtime_path, "args": []},
+            kind="owned",
+            what=f"runtime {s.runtime_name!r} -> {s.runtime_path}",
+            claim=_is_ours(s),
+        )
+    ]
+    if s.set_as_default:
+        edits.append(
+            Edit(
+                ("default-runtime",),
+                s.runtime_name,
+                what=f"made {s.runtime_name!r} the default runtime",
+            )
+        )
+    if s.enable_cdi:
+        edits.append(Edit(("features", "cdi"), True, what="enabled CDI"))
+    return {s.config: edits}, []
+
+
+def claims(s: Settings, path: str, doc: Document) -> list[dict]:
+    """Records to undo when nvshim has none: its runtime entry and default."""
+    return [
+        {"owner": s.runtime_name, "guess": True, "kind": "parent", "keys": ["runtimes"]},
+        {
+            "owner": s.runtime_name,
+            "guess": True,
+            "kind": "owned",
+            "keys": ["runtimes", s.runtime_name],
+            "claim": _is_ours(s),
+        },
+        {
+            "owner": s.runtime_name,
+            "guess": True,
+            "kind": "set",
+            "keys": ["default-runtime"],
+            "after": s.runtime_name,
+        },
+    ]

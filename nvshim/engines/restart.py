@@ -1,0 +1,107 @@
+"""Make the engine pick up its new configuration.
+
+``signal`` sends SIGHUP to the process that owns the configured socket (found with
+SO_PEERCRED, so with several daemons on a node the right one is signalled); ``systemd``
+restarts the engine's unit. Both say what they did.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+
+from nvshim.engines.settings import Settings
+from nvshim.errors import NvshimError
+
+# What each engine does with SIGHUP.
+ON_SIGHUP = {
+    "containerd": "containerd exits on SIGHUP; its service manager starts it again",
+    "docker": "dockerd reloads daemon.json on SIGHUP",
+    "crio": "CRI-O reloads its configuration on SIGHUP",
+}
+
+
+def socket_owner(path: str) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process listening on the unix socket ``path``."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise NvshimError(
+            f"{path}: socket not found (is the engine running? see --socket)"
+        ) from None
+    except OSError as err:
+        raise NvshimError(f"{path}: {err.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        raise NvshimError(f"{path}: not a unix socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(path)
+        except OSError as err:
+            raise NvshimError(f"{path}: cannot connect: {err.strerror}") from None
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    if pid <= 0:
+        raise NvshimError(f"{path}: the kernel reported no peer process")
+    return pid, uid, gid
+
+
+def _process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def send_sighup(s: Settings) -> str:
+    """SIGHUP the owner of ``s.socket``; return a sentence saying so."""
+    pid, _, _ = socket_owner(s.socket)
+    name = _process_name(pid)
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        raise NvshimError(f"{s.socket}: its owner (pid {pid}) exited before the signal") from None
+    except PermissionError:
+        raise NvshimError(f"cannot signal {name} (pid {pid}): permission denied") from None
+    return f"sent SIGHUP to {name} (pid {pid}), the owner of {s.socket}: {ON_SIGHUP[s.engine]}"
+
+
+def find_systemctl() -> str:
+    """Path of ``systemctl``; a clear error when there is none."""
+    systemctl = shutil.which("systemctl")
+    if systemctl is None:
+        raise NvshimError("systemctl not found: use --restart signal, or restart the engine")
+    return systemctl
+
+
+def systemd_restart(s: Settings) -> str:
+    """``systemctl restart <unit>``; return a sentence saying so."""
+    systemctl = find_systemctl()
+    try:
+        done = subprocess.run(
+            [systemctl, "restart", s.unit], capture_output=True, text=True, timeout=300
+        )
+    except subprocess.TimeoutExpired:
+        raise NvshimError(f"systemctl restart {s.unit}: no answer after 300 s") from None
+    if done.returncode != 0:
+        reason = (done.stderr or done.stdout).strip().splitlines()
+        detail = reason[0] if reason else f"exit status {done.returncode}"
+        raise NvshimError(
+            f"systemctl restart {s.unit} failed: {detail}"
+            f" (the configuration is written; restart {s.unit} yourself)"
+        )
+    return f"restarted {s.unit} with systemctl"
+
+
+def restart(s: Settings) -> str:
+    """Apply ``s.restart``; return what was done, as a sentence."""
+    if s.restart == "signal":
+        return send_sighup(s)
+    if s.restart == "systemd":
+        return systemd_restart(s)
+    return f"{s.engine} not restarted (--restart none): restart it to use the new configuration"

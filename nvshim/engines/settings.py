@@ -1,0 +1,176 @@
+"""What a ``configure``/``unconfigure`` run does: options, environment and defaults merged.
+
+Precedence: command-line option, then ``NVSHIM_*`` variable, then the installer variable
+the GPU Operator uses (``CONTAINERD_CONFIG`` ...), then the default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nvshim.engines import ENGINES
+from nvshim.errors import UsageError
+
+DEFAULT_CONFIG = {
+    "containerd": "/etc/containerd/config.toml",
+    "docker": "/etc/docker/daemon.json",
+    "crio": "/etc/crio/crio.conf.d/99-nvshim.toml",
+}
+DEFAULT_SOCKET = {
+    "containerd": "/run/containerd/containerd.sock",
+    "docker": "/run/docker.sock",
+    "crio": "/run/crio/crio.sock",
+}
+SYSTEMD_UNIT = {"containerd": "containerd", "docker": "docker", "crio": "crio"}
+DEFAULT_RUNTIME_NAME = "nvshim"
+DEFAULT_RUNTIME_PATH = "/usr/bin/nvshim-runtime"
+RESTART_MODES = ("none", "signal", "systemd")
+
+# setting -> engine -> variables, first found wins ("*" applies to every engine)
+ENV: dict[str, dict[str, tuple[str, ...]]] = {
+    "engine": {"*": ("NVSHIM_ENGINE",)},
+    "config": {
+        "containerd": ("NVSHIM_CONTAINERD_CONFIG", "CONTAINERD_CONFIG"),
+        "docker": ("NVSHIM_DOCKER_CONFIG", "DOCKER_CONFIG"),
+        "crio": ("NVSHIM_CRIO_CONFIG", "CRIO_CONFIG"),
+    },
+    "socket": {
+        "containerd": ("NVSHIM_CONTAINERD_SOCKET", "CONTAINERD_SOCKET"),
+        "docker": ("NVSHIM_DOCKER_SOCKET",),
+        "crio": ("NVSHIM_CRIO_SOCKET", "CRIO_SOCKET"),
+    },
+    "runtime_name": {
+        "containerd": ("NVSHIM_RUNTIME_NAME", "CONTAINERD_RUNTIME_CLASS"),
+        "*": ("NVSHIM_RUNTIME_NAME",),
+    },
+    "set_as_default": {
+        "containerd": ("NVSHIM_SET_AS_DEFAULT", "CONTAINERD_SET_AS_DEFAULT"),
+        "*": ("NVSHIM_SET_AS_DEFAULT",),
+    },
+    "runtime_path": {"*": ("NVSHIM_RUNTIME_PATH",)},
+    "enable_cdi": {"*": ("NVSHIM_ENABLE_CDI",)},
+    "drop_in": {"containerd": ("NVSHIM_CONTAINERD_DROP_IN",)},
+    "restart": {"*": ("NVSHIM_RESTART",)},
+    "containerd_version": {"*": ("NVSHIM_CONTAINERD_VERSION",)},
+}
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+_ENGINE_OWN_RUNTIMES = ("runc", "crun")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A resolved run: which engine and file, what to register, how to restart."""
+
+    engine: str
+    config: str
+    drop_in: str | None = None
+    runtime_name: str = DEFAULT_RUNTIME_NAME
+    runtime_path: str = DEFAULT_RUNTIME_PATH
+    set_as_default: bool = False
+    enable_cdi: bool = False
+    dry_run: bool = False
+    restart: str = "none"
+    socket: str = ""
+    containerd_version: str | None = None
+
+    @property
+    def unit(self) -> str:
+        """The systemd unit of the engine."""
+        return SYSTEMD_UNIT[self.engine]
+
+
+def _from_env(setting: str, engine: str, env: Mapping[str, str]) -> tuple[str, str] | None:
+    table = ENV[setting]
+    for name in table.get(engine, ()) + table.get("*", ()):
+        if name in env:
+            return name, env[name]
+    return None
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise UsageError(f"{name}={raw!r}: expected true or false")
+
+
+def resolve_settings(
+    engine: str | None, options: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> Settings:
+    """Merge command-line ``options`` (``None`` = not given) with ``env`` and defaults."""
+    env = os.environ if env is None else env
+    if engine is None:
+        found = _from_env("engine", "*", env)
+        if found is None:
+            raise UsageError("--runtime is required (containerd, docker or crio)")
+        engine = found[1]
+    if engine not in ENGINES:
+        raise UsageError(f"--runtime {engine!r}: expected one of {', '.join(ENGINES)}")
+
+    values: dict[str, Any] = {"engine": engine}
+    sources: dict[str, str] = {}
+    for setting in ENV:
+        if setting == "engine":
+            continue
+        given = options.get(setting)
+        if given is not None:
+            values[setting] = given
+            sources[setting] = "--" + setting.replace("_", "-")
+            continue
+        found = _from_env(setting, engine, env)
+        if found is None:
+            continue
+        name, raw = found
+        sources[setting] = name
+        values[setting] = _bool(name, raw) if setting in ("set_as_default", "enable_cdi") else raw
+    values.setdefault("config", DEFAULT_CONFIG[engine])
+    values.setdefault("socket", DEFAULT_SOCKET[engine])
+    for flag in ("dry_run",):
+        if options.get(flag) is not None:
+            values[flag] = bool(options[flag])
+    settings = Settings(**values)
+    _validate(settings, sources)
+    return settings
+
+
+def _validate(s: Settings, sources: Mapping[str, str]) -> None:
+    def src(setting: str) -> str:
+        return sources.get(setting, "--" + setting.replace("_", "-"))
+
+    if not s.config:
+        raise UsageError(f"{src('config')}: empty path")
+    if s.drop_in is not None:
+        if s.engine != "containerd":
+            raise UsageError("--drop-in is for containerd only (CRI-O's --config is a drop-in)")
+        if not s.drop_in.strip():
+            raise UsageError(
+                f"{src('drop_in')}: empty path (an empty drop-in would lose the runtime)"
+            )
+        if os.path.abspath(s.drop_in) == os.path.abspath(s.config):
+            raise UsageError(f"{src('drop_in')}: must differ from the main config {s.config}")
+    if not _NAME_RE.match(s.runtime_name):
+        raise UsageError(
+            f"{src('runtime_name')} {s.runtime_name!r}: use letters, digits, '-', '_' or '.'"
+            " (at most 63, starting and ending with a letter or digit)"
+        )
+    if s.runtime_name in _ENGINE_OWN_RUNTIMES:
+        raise UsageError(
+            f"{src('runtime_name')} {s.runtime_name!r}: that name is the engine's own runtime"
+        )
+    if not os.path.isabs(s.runtime_path) or any(c in s.runtime_path for c in "\n\r\0"):
+        raise UsageError(f"{src('runtime_path')} {s.runtime_path!r}: must be an absolute path")
+    if s.restart not in RESTART_MODES:
+        raise UsageError(
+            f"{src('restart')} {s.restart!r}: expected one of {', '.join(RESTART_MODES)}"
+        )
+    if s.restart == "signal" and not s.socket:
+        raise UsageError(f"{src('socket')}: empty path")

@@ -1,0 +1,338 @@
+"""``update-ldcache``: make injected library folders visible to the container's linker.
+
+If every library in the folders already resolves through the container's
+``/etc/ld.so.cache`` (parsed here, fd-based) nothing runs. Otherwise the folders are
+listed in ``/etc/ld.so.conf.d/00-nvshim.conf`` and the *host's* statically linked
+ldconfig, opened as an fd before anything else, runs in a child that makes its own
+private mount namespace, detaches every procfs mount under the root (no magic link such
+as ``/proc/1/root`` can lead it out), chroots into the root by fd and fexecve()s the fd
+with an almost empty environment. Nothing from the image is ever executed.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import posixpath
+import re
+import select
+import stat
+import struct
+import time
+
+from nvshim.errors import NvshimError
+from nvshim.hook import kernel
+from nvshim.hook.fsroot import RootFS, RootPathError, normalize
+from nvshim.ldcache import LdCacheError, parse_ld_cache
+
+HOST_LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
+CACHE = "/etc/ld.so.cache"
+CONF = "/etc/ld.so.conf"
+CONF_FILE = "/etc/ld.so.conf.d/00-nvshim.conf"
+MAX_CACHE_BYTES = 64 << 20
+LDCONFIG_ENV = {"LC_ALL": "C"}
+LDCONFIG_TIMEOUT = 60.0
+PT_INTERP = 3
+PT_DYNAMIC = 2
+PT_LOAD = 1
+DT_SONAME = 14
+DT_STRTAB = 5
+
+
+def _elf_headers(fd: int) -> tuple[str, list[tuple[int, int, int, int, int]]] | None:
+    """(endianness, [(p_type, p_offset, p_vaddr, p_filesz, ...)]) of a 64-bit ELF file."""
+    head = os.pread(fd, 64, 0)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] not in (1, 2):
+        return None
+    end = "<" if head[5] == 1 else ">"
+    (phoff,) = struct.unpack_from(end + "Q", head, 32)
+    phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+    if phentsize < 56 or phnum > 512:
+        return None
+    table = os.pread(fd, phentsize * phnum, phoff)
+    headers = []
+    for i in range(len(table) // phentsize):
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+            end + "IIQQQQ", table, i * phentsize
+        )
+        headers.append((p_type, p_offset, p_vaddr, p_filesz, 0))
+    return end, headers
+
+
+def is_static_elf(fd: int) -> bool:
+    """True for a 64-bit ELF file without a PT_INTERP header (no dynamic loader)."""
+    parsed = _elf_headers(fd)
+    return parsed is not None and all(h[0] != PT_INTERP for h in parsed[1])
+
+
+def elf_soname(fd: int) -> str | None:
+    """DT_SONAME of a 64-bit ELF shared object, None if it has none or is not ELF."""
+    parsed = _elf_headers(fd)
+    if parsed is None:
+        return None
+    end, headers = parsed
+    dyn = next((h for h in headers if h[0] == PT_DYNAMIC), None)
+    if dyn is None or dyn[3] > 1 << 20:
+        return None
+    data = os.pread(fd, dyn[3], dyn[1])
+    soname = strtab = None
+    for i in range(len(data) // 16):
+        tag, value = struct.unpack_from(end + "qQ", data, i * 16)
+        if tag == 0:
+            break
+        if tag == DT_SONAME:
+            soname = value
+        elif tag == DT_STRTAB:
+            strtab = value
+    if soname is None or strtab is None:
+        return None
+    for p_type, p_offset, p_vaddr, p_filesz, _ in headers:  # vaddr -> file offset
+        if p_type == PT_LOAD and p_vaddr <= strtab < p_vaddr + p_filesz:
+            raw = os.pread(fd, 256, p_offset + strtab - p_vaddr + soname)
+            return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or None
+    return None
+
+
+def open_host_ldconfig(path: str | None = None) -> int:
+    """An fd of the host's ldconfig (checked to be a statically linked ELF file)."""
+    candidates = [path] if path else list(HOST_LDCONFIG)
+    for candidate in candidates:
+        if not candidate.startswith("/"):
+            raise NvshimError(f"--ldconfig {candidate!r}: must be an absolute host path")
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise NvshimError(f"{candidate}: cannot open: {err.strerror}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111 or not is_static_elf(fd):
+            os.close(fd)
+            raise NvshimError(f"{candidate}: not a statically linked executable; refusing to run")
+        return fd
+    raise NvshimError(f"host ldconfig not found (tried {', '.join(candidates)})")
+
+
+def folder_paths(folders: list[str]) -> list[str]:
+    """Validated, normalized, de-duplicated folder paths."""
+    out: list[str] = []
+    for folder in folders:
+        try:
+            path = normalize(folder)
+        except RootPathError as err:
+            raise NvshimError(f"--folder: {err}") from None
+        if path not in out:
+            out.append(path)
+    return out
+
+
+def _is_library_name(name: str) -> bool:
+    return name.startswith("lib") and (name.endswith(".so") or ".so." in name)
+
+
+def unreachable(root: RootFS, folders: list[str]) -> list[str]:
+    """Libraries in ``folders`` the container's current ld.so.cache does not lead to.
+
+    A cache entry names a path (usually the SONAME link); it leads to the file it is,
+    or the file its link chain inside the same folder ends at. Library files without a
+    SONAME are never cached by ldconfig and are not counted.
+    """
+    try:
+        data = root.read(CACHE, MAX_CACHE_BYTES) or b""
+        entries = parse_ld_cache(data) if data else []
+    except (OSError, LdCacheError):
+        entries = []
+    cached: dict[str, set[str]] = {}
+    for entry in entries:
+        folder, name = posixpath.split(entry.path)
+        cached.setdefault(folder, set()).add(name)
+    missing: list[str] = []
+    for folder in folders:
+        try:
+            dfd = root.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        try:
+            reached = {_chase(dfd, folder, name) for name in cached.get(folder, ())}
+            for name in sorted(os.listdir(dfd)):
+                if name in reached or not _is_library_name(name):
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and _soname_at(dfd, name):
+                    missing.append(posixpath.join(folder, name))
+        finally:
+            os.close(dfd)
+    return missing
+
+
+def _chase(dfd: int, folder: str, name: str) -> str | None:
+    """The regular file ``name`` leads to within its folder (links followed by name)."""
+    for _ in range(8):
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return None
+        if stat.S_ISREG(st.st_mode):
+            return name
+        if not stat.S_ISLNK(st.st_mode):
+            return None
+        try:
+            target = os.readlink(name, dir_fd=dfd)
+        except OSError:
+            return None
+        if target.startswith(folder + "/"):
+            target = target[len(folder) + 1 :]
+        if not target or "/" in target:
+            return None
+        name = target
+    return None
+
+
+def _soname_at(dfd: int, name: str) -> str | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        return elf_soname(fd)
+    except (OSError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+
+
+def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[str, object]:
+    """Skip when already reachable, else write the conf file and run the host ldconfig.
+
+    Returns log fields including the time the check and ldconfig took (ms).
+    """
+    folders = folder_paths(folders)
+    started = time.perf_counter()
+    missing = unreachable(root, folders)
+    fields: dict[str, object] = {
+        "folders": ",".join(folders),
+        "check_ms": round((time.perf_counter() - started) * 1000, 2),
+    }
+    if not missing:
+        fields["ldcache"] = "skipped-reachable"
+        return fields
+    fields["unreachable"] = len(missing)
+    text = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
+    try:
+        root.write_file(CONF_FILE, (text + "\n").encode())
+        root.create_exclusive(CONF, b"include /etc/ld.so.conf.d/*.conf\n")
+    except (OSError, RootPathError) as err:
+        raise NvshimError(f"{CONF_FILE} in the container root: cannot write: {err}") from None
+    started = time.perf_counter()
+    run_ldconfig(root, ldconfig_fd, folders)
+    fields["ldconfig_ms"] = round((time.perf_counter() - started) * 1000, 2)
+    fields["ldcache"] = "updated"
+    return fields
+
+
+def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
+    """Run the host ldconfig (``ldconfig_fd``) chrooted into ``root`` in a sealed child."""
+    root_path = os.readlink(f"/proc/self/fd/{root.fd}")
+    root_id = os.fstat(root.fd)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - exec'd or _exit'ed; checked through its output
+        try:
+            os.close(read_end)
+            null = os.open("/dev/null", os.O_RDWR)  # the host's, before leaving it
+            _enter_sealed_root(root_path, (root_id.st_dev, root_id.st_ino))
+            keep = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (null, write_end, ldconfig_fd)]
+            for target, fd in ((0, keep[0]), (1, keep[1]), (2, keep[1]), (3, keep[2])):
+                os.dup2(fd, target)
+            os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+            os.execve(3, ["ldconfig", *folders], LDCONFIG_ENV)
+        except BaseException as err:  # noqa: BLE001 - the parent reports it
+            message = f"nvshim: {type(err).__name__}: {err}\n".encode()
+            for fd in (write_end, 2):  # write_end is closed once the fds are rearranged
+                try:
+                    os.write(fd, message)
+                    break
+                except OSError:
+                    continue
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    output, status = _collect(read_end, child)
+    if status != 0:
+        first = output.decode("utf-8", "replace").strip().splitlines()
+        detail = first[-1] if first else f"exit status {status}"
+        raise NvshimError(f"host ldconfig in the container root failed: {detail}")
+
+
+def _enter_sealed_root(root_path: str, root_id: tuple[int, int]) -> None:
+    """In a forked child: private mount namespace, procfs under the root detached, chroot."""
+    kernel.unshare(kernel.CLONE_NEWNS)
+    kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+    for _ in range(2):
+        procs = _proc_mounts_under(root_path)
+        if not procs:
+            break
+        for mountpoint in sorted(procs, key=len):
+            try:
+                kernel.umount2(mountpoint, kernel.MNT_DETACH | kernel.UMOUNT_NOFOLLOW)
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.ENOENT):
+                    raise
+    if _proc_mounts_under(root_path):
+        raise OSError(errno.EBUSY, "a procfs mount under the container root could not be hidden")
+    fd = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != root_id:
+        raise OSError(errno.ESTALE, "container root changed", root_path)
+    os.fchdir(fd)
+    os.chroot(".")
+    os.chdir("/")
+    os.close(fd)
+
+
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _proc_mounts_under(root_path: str) -> list[str]:
+    """Mount points of procfs mounts at or below ``root_path`` (from mountinfo)."""
+    found = []
+    prefix = root_path.rstrip("/") + "/"
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(), right.split()
+            if len(fields) < 5 or not rest or rest[0] != "proc":
+                continue
+            point = _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+            if point == root_path or point.startswith(prefix):
+                found.append(point)
+    return found
+
+
+def _collect(read_end: int, child: int) -> tuple[bytes, int]:
+    """Output of the child (up to 64 KiB kept) and its exit status; killed on timeout."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + LDCONFIG_TIMEOUT
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(child, 9)
+                chunks.append(b"timed out")
+                break
+            ready, _, _ = select.select([read_end], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            if sum(map(len, chunks)) < 65536:
+                chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        _, status = os.waitpid(child, 0)
+    return b"".join(chunks), os.waitstatus_to_exitcode(status)

@@ -1,0 +1,257 @@
+"""``nvshim-hook``: the OCI hook. Reads the OCI state on stdin; see ``--help``.
+
+Runs as root on container input under ``python -I -S``: standard library and nvshim's
+standard-library-only modules. Every decision is one line in the log file; errors also
+go to stderr and give a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nvshim.config import Config, load_config
+from nvshim.errors import NvshimError
+from nvshim.log import log_decision
+
+TOOL = "nvshim-hook"
+FINISHERS = ("create-symlinks", "update-ldcache", "disable-device-node-modification")
+# Variables that must never reach a root hook (a hook entry without an explicit env):
+# logged so the misconfiguration is visible.
+RISKY_ENV = ("LD_", "PYTHON")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump, no SystemExit(2) mid-hook
+        raise NvshimError(f"{self.prog}: {message}", exit_code=2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per hook job."""
+    common = _Parser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS, help="nvshim config.toml")
+    parser = _Parser(
+        prog=TOOL,
+        description="OCI hook for GPU containers; reads the OCI state JSON on stdin.",
+    )
+    parser.add_argument(
+        "--config", help="nvshim config.toml (default: $NVSHIM_CONFIG or /etc/nvshim/config.toml)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser(
+        "create-symlinks", parents=[common], help="create symlinks in the container root"
+    )
+    p.add_argument("--link", action="append", default=[], metavar="TARGET::LINK")
+    p = sub.add_parser(
+        "update-ldcache", parents=[common], help="make library folders visible to ld.so"
+    )
+    p.add_argument("--folder", action="append", default=[], metavar="DIR")
+    p.add_argument("--ldconfig", help="the host's static ldconfig (default: /sbin/ldconfig)")
+    sub.add_parser(
+        "disable-device-node-modification",
+        parents=[common],
+        help="mount a copy of /proc/driver/nvidia/params with ModifyDeviceFiles: 0",
+    )
+    sub.add_parser(
+        "prestart", parents=[common], help="standalone mode: apply a GPU request's edits"
+    )
+    return parser
+
+
+@dataclass
+class Context:
+    """What the steps share: the configuration and host fds opened before entering."""
+
+    config: Config
+    ldconfig_fd: int | None = None
+
+
+def _step_symlinks(root, args, ctx: Context) -> dict:
+    from nvshim.hook.symlinks import create_symlinks
+
+    return create_symlinks(root, args.link)
+
+
+def _step_ldcache(root, args, ctx: Context) -> dict:
+    from nvshim.hook.ldconfig import update_ldcache
+
+    if ctx.ldconfig_fd is None:  # run_steps opens it before entering the container
+        raise NvshimError("update-ldcache: the host ldconfig was not opened")
+    return update_ldcache(root, args.folder, ctx.ldconfig_fd)
+
+
+def _step_params(root, args, ctx: Context) -> dict:
+    from nvshim.hook.params import disable_device_node_modification
+
+    config = ctx.config
+    return disable_device_node_modification(
+        root, config.dev_root, config.get("runtime", "state-dir")
+    )
+
+
+STEPS: dict[str, Callable[[Any, argparse.Namespace, Context], dict]] = {
+    "create-symlinks": _step_symlinks,
+    "update-ldcache": _step_ldcache,
+    "disable-device-node-modification": _step_params,
+}
+
+
+def run_steps(
+    pid: int,
+    rootfs: str,
+    steps: list[argparse.Namespace],
+    ctx: Context,
+    before: Callable[[Any], dict] | None = None,
+) -> dict:
+    """Run ``before`` then each step on the container root, in the container's mount
+    namespace. Host files the steps need are opened first, in the current namespace."""
+    from nvshim.hook.fsroot import RootFS
+    from nvshim.hook.namespace import in_mount_ns
+
+    for step in steps:
+        if step.command == "update-ldcache" and ctx.ldconfig_fd is None:
+            from nvshim.hook.ldconfig import open_host_ldconfig
+
+            ctx.ldconfig_fd = open_host_ldconfig(step.ldconfig)
+
+    def work() -> dict:
+        try:
+            root = RootFS(rootfs)
+        except OSError as err:
+            raise NvshimError(f"{rootfs}: cannot open the container root: {err.strerror}") from None
+        with root:
+            fields: dict = {}
+            if before is not None:
+                fields.update(before(root))
+            for step in steps:
+                fields.update(STEPS[step.command](root, step, ctx))
+            return fields
+
+    return in_mount_ns(pid, work)
+
+
+def _container_root(state) -> str:
+    from nvshim.hook.state import load_spec, rootfs_path
+
+    return rootfs_path(load_spec(state.bundle), state.bundle)
+
+
+def finishing_steps(hooks) -> tuple[list[argparse.Namespace], list[str]]:
+    """The ``nvshim-hook <finisher> ...`` entries of ``hooks`` parsed for in-process runs,
+    and a description of the entries that are not ours (not run)."""
+    parser = build_parser()
+    steps, others = [], []
+    for hook in hooks:
+        args = list(hook.args)
+        if len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] in FINISHERS:
+            steps.append(parser.parse_args(args[1:]))
+        else:
+            others.append(" ".join(args[:2]) or hook.path)
+    return steps, others
+
+
+def prestart(state, ctx: Context) -> dict | None:
+    """Standalone mode: apply the edits of a GPU request not already handled by
+    nvshim-runtime. None (nothing logged) for containers that ask for no GPU."""
+    from nvshim.hook.state import annotations, load_spec, rootfs_path
+    from nvshim.oci.modify import INJECTED_ANNOTATION  # set by nvshim-runtime
+
+    spec = load_spec(state.bundle)
+    if INJECTED_ANNOTATION in annotations(spec):
+        return None
+    from nvshim.policy.select import edits_for_spec
+
+    selection = edits_for_spec(spec, ctx.config)
+    if selection is None:
+        return None
+    fields = dict(selection.log)
+    if selection.edits.is_empty():
+        return fields
+    fields.update(apply_edits(state, rootfs_path(spec, state.bundle), selection.edits, ctx))
+    return fields
+
+
+def apply_edits(state, rootfs: str, edits, ctx: Context) -> dict:
+    """Apply ``edits`` to the running container ``state`` (prestart): mounts, device
+    nodes, finishing steps inside its mount namespace, then cgroup v1 device access."""
+    from nvshim.hook import apply
+    from nvshim.hook.cgroup import V2_MESSAGE, allow_devices, devices_cgroup
+
+    nodes = apply.plan_nodes(edits.device_nodes)
+    if nodes and devices_cgroup(state.pid) is None:
+        raise NvshimError(V2_MESSAGE)
+    steps, others = finishing_steps(edits.hooks)
+    planned = apply.plan_mounts(edits.mounts)
+    try:
+
+        def before(root) -> dict:
+            return {
+                "mounts": apply.attach_mounts(root, planned),
+                "device_nodes": apply.make_nodes(root, nodes),
+            }
+
+        fields = run_steps(state.pid, rootfs, steps, ctx, before)
+    finally:
+        apply.close_mounts(planned)
+    if nodes:
+        allow_devices(state.pid, [n.rule for n in nodes])
+        fields["devices_allowed"] = ",".join(f"{n.major}:{n.minor}" for n in nodes)
+    fields.update(apply.not_applied(edits))
+    if others:
+        fields["hooks_not_run"] = ";".join(others)
+    return fields
+
+
+def _run(args: argparse.Namespace, state, ctx: Context) -> dict | None:
+    if args.command == "prestart":
+        return prestart(state, ctx)
+    return run_steps(state.pid, _container_root(state), [args], ctx)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``nvshim-hook`` launcher; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+    except NvshimError as err:
+        print(f"{TOOL}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except SystemExit as done:  # --help
+        return done.code if isinstance(done.code, int) else 0
+    try:
+        config = load_config(args.config)
+    except NvshimError as err:
+        print(f"{TOOL}: error: {err}", file=sys.stderr)
+        return 1
+    log_file = config.get("runtime", "log-file")
+    env_names = ",".join(sorted(os.environ)) or "-"
+    container_id = "-"
+    ctx = Context(config)
+    try:
+        from nvshim.hook.state import read_state
+
+        state = read_state(sys.stdin.buffer)
+        container_id = state.id
+        fields = _run(args, state, ctx)
+    except Exception as err:  # noqa: BLE001 - every failure is one logged line, no traceback
+        message = str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
+        log_decision(log_file, TOOL, container_id, error=message, step=args.command)
+        return err.exit_code if isinstance(err, NvshimError) else 1
+    finally:
+        if ctx.ldconfig_fd is not None:
+            os.close(ctx.ldconfig_fd)
+    if fields is not None:
+        risky = ",".join(sorted(k for k in os.environ if k.startswith(RISKY_ENV))) or None
+        log_decision(
+            log_file,
+            TOOL,
+            container_id,
+            step=args.command,
+            **fields,
+            hook_env=env_names,
+            unsafe_hook_env=risky,
+        )
+    return 0

@@ -1,0 +1,289 @@
+"""`--restart signal|systemd`: the right daemon is told, and the run says what it did."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nvshim.cli import main
+from nvshim.engines.settings import ENV
+from tests.engines.containerd_instance import private_containerd
+from tests.engines.corpus_cases import CORPUS, tree
+
+V16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
+needs_containerd = pytest.mark.skipif(
+    shutil.which("containerd") is None or shutil.which("unshare") is None,
+    reason="containerd and unshare needed",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for table in ENV.values():
+        for names in table.values():
+            for name in names:
+                monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NVSHIM_CONTAINERD_VERSION", "1.6.20")
+
+
+def nvshim(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@needs_containerd
+def test_signal_restarts_the_daemon_on_the_socket_and_no_other(tmp_path, capsys):
+    config_a = tmp_path / "a" / "config.toml"
+    config_b = tmp_path / "b" / "config.toml"
+    for config in (config_a, config_b):
+        config.parent.mkdir()
+        config.write_text(V16)
+    with (
+        private_containerd(tmp_path / "a", config_a) as a,
+        private_containerd(tmp_path / "b", config_b) as b,
+    ):
+        pid_a, pid_b = a.pid, b.pid
+        assert "nvshim" not in a.cri_config()["containerd"]["runtimes"]
+        code, out, err = nvshim(
+            capsys,
+            "configure",
+            "--runtime",
+            "containerd",
+            "--config",
+            str(config_a),
+            "--set-as-default",
+            "--restart",
+            "signal",
+            "--socket",
+            a.socket,
+        )
+        assert code == 0, err
+        assert f"sent SIGHUP to containerd (pid {pid_a}), the owner of {a.socket}" in out
+        new_a = a.wait_restarted(pid_a)
+        loaded = a.cri_config()["containerd"]
+        assert loaded["defaultRuntimeName"] == "nvshim"
+        assert loaded["runtimes"]["nvshim"]["options"]["BinaryName"] == "/usr/bin/nvshim-runtime"
+        assert loaded["runtimes"]["nvshim"]["runtimeType"] == "io.containerd.runc.v2"
+        # The other daemon was left alone.
+        assert b.pid == pid_b
+        assert "nvshim" not in b.cri_config()["containerd"]["runtimes"]
+        # And back: unconfigure restores the file and restarts only A again.
+        code, out, _ = nvshim(
+            capsys,
+            "unconfigure",
+            "--runtime",
+            "containerd",
+            "--config",
+            str(config_a),
+            "--restart",
+            "signal",
+            "--socket",
+            a.socket,
+        )
+        assert code == 0 and config_a.read_text() == V16
+        a.wait_restarted(new_a)
+        assert "nvshim" not in a.cri_config()["containerd"]["runtimes"]
+        assert b.pid == pid_b
+
+
+_FAKE_DAEMON = """
+import os, signal, socket, sys, time
+path, log = sys.argv[1], sys.argv[2]
+def hup(*_):
+    with open(log, "a") as fh:
+        fh.write("HUP\\n")
+signal.signal(signal.SIGHUP, hup)
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(path)
+srv.listen(8)
+srv.settimeout(0.2)
+while True:
+    try:
+        conn, _ = srv.accept()
+        conn.close()
+    except (socket.timeout, InterruptedError):
+        pass
+"""
+
+
+def _fake_daemon(sock: Path, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_DAEMON, str(sock), str(log)])
+    deadline = time.monotonic() + 20
+    while not sock.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    return proc
+
+
+def test_signal_docker_among_several_daemons(tmp_path, capsys):
+    daemons = []
+    try:
+        for name in ("one", "two"):
+            daemons.append(_fake_daemon(tmp_path / f"{name}.sock", tmp_path / f"{name}.log"))
+        config = tmp_path / "daemon.json"
+        sock = tmp_path / "two.sock"
+        code, out, err = nvshim(
+            capsys,
+            "configure",
+            "--runtime",
+            "docker",
+            "--config",
+            str(config),
+            "--restart",
+            "signal",
+            "--socket",
+            str(sock),
+        )
+        assert code == 0, err
+        assert f"(pid {daemons[1].pid}), the owner of {sock}" in out
+        assert "dockerd reloads daemon.json on SIGHUP" in out
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "two.log").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert (tmp_path / "two.log").read_text() == "HUP\n"
+        assert not (tmp_path / "one.log").exists()
+    finally:
+        for proc in daemons:
+            proc.kill()
+            proc.wait()
+
+
+def test_signal_with_a_missing_socket_fails_before_writing(tmp_path, capsys):
+    config = tmp_path / "config.toml"
+    config.write_text(V16)
+    sock = tmp_path / "nothing.sock"
+    code, _, err = nvshim(
+        capsys,
+        "configure",
+        "--runtime",
+        "containerd",
+        "--config",
+        str(config),
+        "--restart",
+        "signal",
+        "--socket",
+        str(sock),
+    )
+    assert code == 1
+    assert err == f"nvshim: error: {sock}: socket not found (is the engine running? see --socket)\n"
+    assert tree(tmp_path) == {"config.toml": V16.encode()}
+
+
+def test_signal_refuses_a_path_that_is_not_a_socket(tmp_path, capsys):
+    config = tmp_path / "config.toml"
+    code, _, err = nvshim(
+        capsys,
+        "configure",
+        "--runtime",
+        "containerd",
+        "--config",
+        str(config),
+        "--restart",
+        "signal",
+        "--socket",
+        str(tmp_path),
+    )
+    assert code == 1 and err.strip().endswith("not a unix socket")
+    assert not config.exists()
+
+
+def test_signal_to_a_socket_nobody_listens_on(tmp_path, capsys):
+    path = tmp_path / "stale.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens
+    code, _, err = nvshim(
+        capsys,
+        "configure",
+        "--runtime",
+        "crio",
+        "--config",
+        str(tmp_path / "crio.conf.d" / "99-nvshim.toml"),
+        "--restart",
+        "signal",
+        "--socket",
+        str(path),
+    )
+    assert code == 1 and "cannot connect" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stale.sock"]  # nothing written
+
+
+def _fake_systemctl(tmp_path: Path, monkeypatch, body: str) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "systemctl.args"
+    script = bindir / "systemctl"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n{body}\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    return log
+
+
+@pytest.mark.parametrize("engine, unit", [("containerd", "containerd"), ("docker", "docker")])
+def test_systemd_restarts_the_unit(tmp_path, capsys, monkeypatch, engine, unit):
+    log = _fake_systemctl(tmp_path, monkeypatch, "exit 0")
+    config = tmp_path / ("config.toml" if engine == "containerd" else "daemon.json")
+    code, out, err = nvshim(
+        capsys, "configure", "--runtime", engine, "--config", str(config), "--restart", "systemd"
+    )
+    assert code == 0, err
+    assert log.read_text() == f"restart {unit}\n"
+    assert out.splitlines()[-1] == f"restarted {unit} with systemctl"
+    # A run that changes nothing restarts nothing.
+    nvshim(
+        capsys, "configure", "--runtime", engine, "--config", str(config), "--restart", "systemd"
+    )
+    assert log.read_text() == f"restart {unit}\n"
+
+
+def test_systemd_failure_is_one_line(tmp_path, capsys, monkeypatch):
+    _fake_systemctl(
+        tmp_path, monkeypatch, "echo 'Failed to restart crio.service: Unit not found.' >&2; exit 5"
+    )
+    config = tmp_path / "crio.conf.d" / "99-nvshim.toml"
+    code, _, err = nvshim(
+        capsys, "configure", "--runtime", "crio", "--config", str(config), "--restart", "systemd"
+    )
+    assert code == 1
+    assert err == (
+        "nvshim: error: systemctl restart crio failed: Failed to restart crio.service:"
+        " Unit not found. (the configuration is written; restart crio yourself)\n"
+    )
+    assert "runtimes.nvshim" in config.read_text()
+
+
+def test_restart_none_says_what_to_do(tmp_path, capsys):
+    code, out, _ = nvshim(
+        capsys, "configure", "--runtime", "docker", "--config", str(tmp_path / "daemon.json")
+    )
+    assert code == 0
+    assert out.splitlines()[-1] == (
+        "docker not restarted (--restart none): restart it to use the new configuration"
+    )
+
+
+def test_signal_reaches_only_the_socket_owner_process(tmp_path):
+    """The signalled PID is the socket's peer, not a process found by name."""
+    from nvshim.engines.restart import socket_owner
+
+    proc = _fake_daemon(tmp_path / "d.sock", tmp_path / "d.log")
+    try:
+        pid, uid, _ = socket_owner(str(tmp_path / "d.sock"))
+        assert (pid, uid) == (proc.pid, os.getuid())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()

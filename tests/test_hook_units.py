@@ -1,0 +1,198 @@
+"""nvshim-hook's parsers and checks on their own: OCI state and config.json, the params
+rewrite, cgroup lookup, ELF inspection, the ld cache reachability check, and how
+prestart picks its finishing steps out of the edits' hook entries."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+
+import pytest
+
+from nvshim.errors import NvshimError
+from nvshim.hook import cgroup
+from nvshim.hook.fsroot import RootFS
+from nvshim.hook.ldconfig import (
+    elf_soname,
+    is_static_elf,
+    open_host_ldconfig,
+    unreachable,
+    update_ldcache,
+)
+from nvshim.hook.main import build_parser, finishing_steps
+from nvshim.hook.params import without_modification
+from nvshim.hook.state import load_spec, read_state, rootfs_path
+from nvshim.launch import hook_entry
+from tests.runc_util import build_stub_library, in_private_mount_ns
+
+GOOD_STATE = {"ociVersion": "1.0.2", "id": "c1", "pid": 42, "bundle": "/b", "status": "created"}
+
+
+def test_state_is_read_strictly():
+    state = read_state(io.BytesIO(json.dumps(GOOD_STATE).encode()))
+    assert (state.id, state.pid, state.bundle) == ("c1", 42, "/b")
+    bad = [
+        (b"x" * ((1 << 20) + 1), "larger than"),
+        (b"[1]", "not a JSON object"),
+        (b"{", "invalid JSON"),
+        (json.dumps({**GOOD_STATE, "pid": True}).encode(), "pid must be a positive integer"),
+        (json.dumps({**GOOD_STATE, "pid": "42"}).encode(), "pid must be a positive integer"),
+        (json.dumps({**GOOD_STATE, "bundle": "rel"}).encode(), "bundle must be an absolute"),
+        (json.dumps({**GOOD_STATE, "id": 7}).encode(), "id must be a non-empty string"),
+    ]
+    for data, text in bad:
+        with pytest.raises(NvshimError, match=text) as err:
+            read_state(io.BytesIO(data))
+        assert "\n" not in str(err.value)
+
+
+def test_config_json_is_read_strictly(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    spec_file = bundle / "config.json"
+    spec_file.write_text(json.dumps({"root": {"path": "rootfs"}}))
+    spec = load_spec(str(bundle))
+    assert rootfs_path(spec, str(bundle)) == str(bundle / "rootfs")
+    assert rootfs_path({"root": {"path": "/abs/root"}}, str(bundle)) == "/abs/root"
+    for value in ({"root": {"path": 7}}, {"root": "x"}, {}):
+        with pytest.raises(NvshimError, match="root.path must be a non-empty string"):
+            rootfs_path(value, str(bundle))
+    spec_file.write_text("[]")
+    with pytest.raises(NvshimError, match="config.json: not a JSON object"):
+        load_spec(str(bundle))
+    spec_file.write_bytes(b" " * ((16 << 20) + 1))
+    with pytest.raises(NvshimError, match="larger than"):
+        load_spec(str(bundle))
+    with pytest.raises(NvshimError, match="cannot read"):
+        load_spec(str(tmp_path / "nowhere"))
+
+
+def test_params_rewrite():
+    text = "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nEnableMSI: 1\n"
+    assert without_modification(text) == text.replace("Files: 1", "Files: 0")
+    assert without_modification("ModifyDeviceFiles: 0\n") is None
+    assert without_modification("EnableMSI: 1") == "EnableMSI: 1\nModifyDeviceFiles: 0\n"
+
+
+def _proc(tmp_path, cgroup_text: str, mountinfo: str) -> str:
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "self").mkdir()
+    (proc / "42/cgroup").write_text(cgroup_text)
+    (proc / "self/mountinfo").write_text(mountinfo)
+    return str(proc)
+
+
+def test_devices_cgroup_v1_and_v2(tmp_path):
+    mountinfo = (
+        "30 25 0:26 / /sys/fs/cgroup/devices rw,relatime shared:12 - cgroup cgroup rw,devices\n"
+    )
+    hybrid = _proc(tmp_path / "a", "5:devices:/ctr/abc\n1:cpu:/ctr/abc\n0::/ctr/abc\n", mountinfo)
+    assert cgroup.devices_cgroup(42, hybrid) == "/ctr/abc"
+    assert cgroup.devices_mount(hybrid) == "/sys/fs/cgroup/devices"
+    pure_v2 = _proc(tmp_path / "b", "0::/ctr/abc\n", "")
+    assert cgroup.devices_cgroup(42, pure_v2) is None
+    with pytest.raises(NvshimError, match="nvshim-runtime or request the GPUs with CDI"):
+        cgroup.allow_devices(42, ["c 195:0 rwm"], pure_v2)
+    sneaky = _proc(tmp_path / "c", "5:devices:/ctr/../../etc\n", mountinfo)
+    with pytest.raises(NvshimError, match="unexpected devices path"):
+        cgroup.devices_cgroup(42, sneaky)
+    assert cgroup.allow_rule("c", 195, 0) == "c 195:0 rwm"
+    assert cgroup.allow_rule("u", 195, 255, "rw") == "c 195:255 rw"
+    for kind, access in (("p", "rwm"), ("c", "rwx"), ("c", "")):
+        with pytest.raises(NvshimError):
+            cgroup.allow_rule(kind, 1, 1, access)
+
+
+def test_allow_devices_writes_each_rule(tmp_path):
+    """Against a stand-in cgroup directory (the write path; runc tests cover the kernel)."""
+    base = tmp_path / "cg"
+    (base / "ctr").mkdir(parents=True)
+    mountinfo = f"30 25 0:26 / {base} rw - cgroup cgroup rw,devices\n"
+    proc = _proc(tmp_path, "5:devices:/ctr\n", mountinfo)
+    (base / "ctr/devices.allow").write_text("")
+    target = cgroup.allow_devices(42, ["c 195:0 rwm", "c 195:255 rwm"], proc)
+    assert target == str(base / "ctr/devices.allow")
+    assert (base / "ctr/devices.allow").read_text() == "c 195:0 rwmc 195:255 rwm"
+
+
+def test_elf_inspection(tmp_path):
+    lib = build_stub_library(tmp_path / "libx.so.1.2", "libx.so.1")
+    bare = build_stub_library(tmp_path / "libbare.so", "")
+    text = tmp_path / "text.so"
+    text.write_text("not an ELF file at all, but long enough to have a header......")
+    for path, soname in ((lib, "libx.so.1"), (bare, None), (str(text), None)):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert elf_soname(fd) == soname
+        finally:
+            os.close(fd)
+    fd = open_host_ldconfig()
+    try:
+        assert is_static_elf(fd)
+    finally:
+        os.close(fd)
+    fd = os.open(shutil.which("ls"), os.O_RDONLY)
+    try:
+        assert not is_static_elf(fd)
+    finally:
+        os.close(fd)
+    with pytest.raises(NvshimError, match="must be an absolute host path"):
+        open_host_ldconfig("sbin/ldconfig")
+    with pytest.raises(NvshimError, match="host ldconfig not found"):
+        open_host_ldconfig(str(tmp_path / "missing"))
+
+
+def test_reachability_counts_only_libraries_with_a_soname(tmp_path):
+    """After one ldconfig run everything is reachable; a library without a SONAME (never
+    cached by ldconfig) does not force another run, a new library with one does."""
+    root = tmp_path / "rootfs"
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    build_stub_library(lib / "libcuda.so.550.90.12", "libcuda.so.1")
+    (root / "etc").mkdir()
+    folder = "/usr/lib/x86_64-linux-gnu"
+
+    def work():
+        fd = open_host_ldconfig()
+        with RootFS(str(root)) as fs:
+            first = update_ldcache(fs, [folder], fd)
+            build_stub_library(lib / "libplugin.so", "")
+            after_plugin = unreachable(fs, [folder])
+            build_stub_library(lib / "libnew.so.2.0", "libnew.so.2")
+            after_new = unreachable(fs, [folder])
+        return [first["ldcache"], after_plugin, after_new]
+
+    result = in_private_mount_ns(work)
+    assert result.get("ok") == ["updated", [], [f"{folder}/libnew.so.2.0"]], result
+    assert (root / "etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
+    assert folder in (root / "etc/ld.so.conf.d/00-nvshim.conf").read_text().splitlines()
+
+
+def test_prestart_runs_only_our_finishing_steps():
+    hooks = [
+        hook_entry(
+            "/usr/local/bin/nvshim-hook", "createContainer", "create-symlinks", "--link", "a::/b"
+        ),
+        hook_entry(
+            "/usr/local/bin/nvshim-hook",
+            "createContainer",
+            "update-ldcache",
+            "--folder",
+            "/usr/lib",
+        ),
+        hook_entry("/x/nvshim-hook", "createContainer", "prestart"),
+        hook_entry("/usr/bin/other-hook", "createContainer", "whatever"),
+    ]
+    steps, others = finishing_steps(hooks)
+    assert [s.command for s in steps] == ["create-symlinks", "update-ldcache"]
+    assert steps[0].link == ["a::/b"] and steps[1].folder == ["/usr/lib"]
+    assert others == ["nvshim-hook prestart", "nvshim-hook whatever"]
+
+
+def test_config_option_goes_before_or_after_the_step():
+    parser = build_parser()
+    assert parser.parse_args(["--config", "/c", "prestart"]).config == "/c"
+    assert parser.parse_args(["prestart", "--config", "/c"]).config == "/c"
+    assert parser.parse_args(["prestart"]).config is None

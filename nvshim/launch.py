@@ -81,3 +81,42 @@ def hook_entry(hook_path: str, hook_name: str, *args: str) -> Hook:
     if os.environ.get("NVSHIM_CONFIG"):
         env = (*HOOK_ENV, f"NVSHIM_CONFIG={os.environ['NVSHIM_CONFIG']}")
     return Hook(hook_name=hook_name, path=hook_path, args=("nvshim-hook", *args), env=env)
+
+
+FINISHERS = ("create-symlinks", "update-ldcache", "disable-device-node-modification")
+STEP_SEPARATOR = "+"
+
+
+def fold_finishers(hooks: list[Hook]) -> list[Hook]:
+    """Fold nvshim-hook finishing-step entries sharing a stage, path and env into one
+    ``nvshim-hook finish STEP ARGS + STEP ARGS ...`` entry: one process per container
+    instead of one per step. Other hooks keep their place."""
+    out: list[Hook] = []
+    folded: dict[tuple, int] = {}
+    for hook in hooks:
+        args = list(hook.args)
+        if len(args) < 2 or args[0] != "nvshim-hook" or args[1] not in FINISHERS:
+            out.append(hook)
+            continue
+        key = (hook.hook_name, hook.path, hook.env, hook.timeout)
+        if key not in folded:
+            folded[key] = len(out)
+            out.append(
+                Hook(
+                    hook.hook_name,
+                    hook.path,
+                    ("nvshim-hook", "finish", *args[1:]),
+                    hook.env,
+                    hook.timeout,
+                )
+            )
+            continue
+        first = out[folded[key]]
+        out[folded[key]] = Hook(
+            first.hook_name,
+            first.path,
+            (*first.args, STEP_SEPARATOR, *args[1:]),
+            first.env,
+            first.timeout,
+        )
+    return out

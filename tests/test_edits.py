@@ -70,8 +70,10 @@ def test_min_cdi_version_of_edits(edits, version):
         ({"kind": "nvidia.com/gpu.shared", "devices": [{"name": "a"}]}, "0.6.0"),
         ({"kind": "nvidia.com/gpu", "annotations": {"a": "b"}, "devices": []}, "0.6.0"),
         ({"kind": "v/c", "devices": [{"name": "a", "annotations": {"x": "y"}}]}, "0.6.0"),
-        ({"kind": "v/c", "devices": [{"name": "a", "containerEdits": {"netDevices": [{}]}}]},
-         "1.1.0"),
+        (
+            {"kind": "v/c", "devices": [{"name": "a", "containerEdits": {"netDevices": [{}]}}]},
+            "1.1.0",
+        ),
     ],
 )
 def test_spec_min_version(spec, version):
@@ -103,8 +105,15 @@ def test_apply_edits_keeps_unknown_fields_and_order():
     assert out["x-unknown"] == {"keep": [1, 2]}
     assert out["process"]["env"] == ["PATH=/bin", "CUDA_VISIBLE_DEVICES=GPU-a"]
     assert out["linux"]["devices"] == [
-        {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 0o666,
-         "uid": 0, "gid": 0}
+        {
+            "path": "/dev/nvidia0",
+            "type": "c",
+            "major": 195,
+            "minor": 0,
+            "fileMode": 0o666,
+            "uid": 0,
+            "gid": 0,
+        }
     ]
     rules = out["linux"]["resources"]["devices"]
     assert rules[0] == {"allow": False, "access": "rwm"}  # deny-all stays first
@@ -138,3 +147,57 @@ def test_apply_edits_is_idempotent():
     snapshot = json.dumps(once, sort_keys=True)
     twice = apply_edits(json.loads(snapshot), edits, ["GPU-a"])
     assert json.dumps(twice, sort_keys=True) == snapshot
+
+
+def test_runtime_sink_folds_finishing_steps_into_one_hook():
+    env = ("PATH=/bin",)
+    edits = ContainerEdits(
+        hooks=[
+            Hook(
+                "createContainer",
+                "/b/nvshim-hook",
+                ("nvshim-hook", "create-symlinks", "--link", "a::/x"),
+                env,
+            ),
+            Hook("createContainer", "/other", ("other",), env),
+            Hook(
+                "createContainer",
+                "/b/nvshim-hook",
+                ("nvshim-hook", "update-ldcache", "--folder", "/lib"),
+                env,
+            ),
+            Hook(
+                "createContainer",
+                "/b/nvshim-hook",
+                ("nvshim-hook", "disable-device-node-modification"),
+                env,
+            ),
+        ]
+    )
+    hooks = apply_edits({}, edits, [])["hooks"]["createContainer"]
+    assert [h["args"] for h in hooks] == [
+        [
+            "nvshim-hook",
+            "finish",
+            "create-symlinks",
+            "--link",
+            "a::/x",
+            "+",
+            "update-ldcache",
+            "--folder",
+            "/lib",
+            "+",
+            "disable-device-node-modification",
+        ],
+        ["other"],
+    ]
+    assert all(h["env"] == ["PATH=/bin"] for h in hooks)
+    from nvshim.hook.main import parse_finish
+
+    steps = parse_finish(hooks[0]["args"][2:])
+    assert [s.command for s in steps] == [
+        "create-symlinks",
+        "update-ldcache",
+        "disable-device-node-modification",
+    ]
+    assert steps[0].link == ["a::/x"] and steps[1].folder == ["/lib"]

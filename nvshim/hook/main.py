@@ -16,10 +16,12 @@ from typing import Any
 
 from nvshim.config import Config, load_config
 from nvshim.errors import NvshimError
+from nvshim.launch import FINISHERS
+from nvshim.launch import STEP_SEPARATOR as SEPARATOR
 from nvshim.log import log_decision
 
 TOOL = "nvshim-hook"
-FINISHERS = ("create-symlinks", "update-ldcache", "disable-device-node-modification")
+# SEPARATOR goes between the steps of ``finish`` (never a link spec or an absolute folder)
 # Variables that must never reach a root hook (a hook entry without an explicit env):
 # logged so the misconfiguration is visible.
 RISKY_ENV = ("LD_", "PYTHON")
@@ -59,7 +61,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "prestart", parents=[common], help="standalone mode: apply a GPU request's edits"
     )
+    p = sub.add_parser(
+        "finish",
+        parents=[common],
+        help=f"run several finishing steps in one process: STEP ARGS [{SEPARATOR} STEP ARGS]...",
+    )
+    p.add_argument("steps", nargs=argparse.REMAINDER, metavar="STEP")
     return parser
+
+
+def parse_finish(words: list[str]) -> list[argparse.Namespace]:
+    """The finishing steps of a ``finish`` command line (``SEPARATOR`` between steps)."""
+    parser = build_parser()
+    steps: list[argparse.Namespace] = []
+    current: list[str] = []
+    for word in [*words, SEPARATOR]:
+        if word != SEPARATOR:
+            current.append(word)
+            continue
+        if not current:
+            continue
+        if current[0] not in FINISHERS:
+            raise NvshimError(f"finish: {current[0]!r} is not a finishing step", exit_code=2)
+        steps.append(parser.parse_args(current))
+        current = []
+    return steps
 
 
 @dataclass
@@ -149,6 +175,8 @@ def finishing_steps(hooks) -> tuple[list[argparse.Namespace], list[str]]:
         args = list(hook.args)
         if len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] in FINISHERS:
             steps.append(parser.parse_args(args[1:]))
+        elif len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] == "finish":
+            steps.extend(parse_finish(args[2:]))
         else:
             others.append(" ".join(args[:2]) or hook.path)
     return steps, others
@@ -209,7 +237,8 @@ def apply_edits(state, rootfs: str, edits, ctx: Context) -> dict:
 def _run(args: argparse.Namespace, state, ctx: Context) -> dict | None:
     if args.command == "prestart":
         return prestart(state, ctx)
-    return run_steps(state.pid, _container_root(state), [args], ctx)
+    steps = parse_finish(args.steps) if args.command == "finish" else [args]
+    return run_steps(state.pid, _container_root(state), steps, ctx)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,8 +102,10 @@ def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]
             )
 
     if edits.hooks:
+        from nvshim.launch import fold_finishers
+
         hooks = _table(spec, "hooks")
-        for hook in edits.hooks:
+        for hook in fold_finishers(edits.hooks):
             stage = _array(hooks, hook.hook_name)
             if hook.to_oci() not in stage:
                 stage.append(hook.to_oci())

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Container start wall time through runc: bare runc, nvshim-runtime without a GPU, and
+with 1 and 8 GPUs of a simulated host; plus a non-create call (`state`) both ways.
+Every figure is measured in this one run; the added time is reported against bare runc.
+
+Run as root: `.venv/bin/python3 bench/runtime_start.py [--runs N]`.
+Targets: non-create calls within 5 ms of bare runc; a 1-GPU create adds < 25 ms median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from nvshim.launch import write_launchers  # noqa: E402
+from tests.podman_util import make_busybox_rootfs  # noqa: E402
+from tests.runc_util import make_bundle  # noqa: E402
+from tests.sim.simhost import build_host  # noqa: E402
+from tests.sim.topology import generate_topology  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=15)
+    opts = parser.parse_args()
+    runc = shutil.which("runc")
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = build_host(generate_topology(8, False), os.path.join(tmp, "host"))
+        bin_dir = os.path.join(tmp, "bin")
+        write_launchers(bin_dir)
+        config = os.path.join(tmp, "config.toml")
+        with open(config, "w") as fh:
+            fh.write(
+                f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
+                f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{tmp}/log"\n'
+                f'state-dir = "{tmp}/state"\n[policy]\naccept-env-unprivileged = true\n'
+            )
+        env = {"PATH": os.environ["PATH"], "NVSHIM_CONFIG": config}
+        golden = make_busybox_rootfs(os.path.join(tmp, "golden"))
+        runtime = os.path.join(bin_dir, "nvshim-runtime")
+        cases = [
+            ("bare runc", runc, None),
+            ("nvshim, no GPU", runtime, None),
+            ("nvshim, 1 GPU", runtime, "0"),
+            ("nvshim, 8 GPUs", runtime, "all"),
+        ]
+        # warm the inventory cache (as a node would be after its first container)
+        subprocess.run([sys.executable, "-c",
+                        "from nvshim.config import load_config;"
+                        "from nvshim.policy.select import load_host_for;"
+                        "load_host_for(load_config())"], env={**env, "PYTHONPATH": REPO},
+                       check=True)
+        results = {}
+        for label, binary, request in cases:
+            samples = []
+            for i in range(opts.runs + 1):
+                work = os.path.join(tmp, f"run-{len(results)}-{i}")
+                rootfs = os.path.join(work, "rootfs")
+                shutil.copytree(golden, rootfs, symlinks=True)
+                extra = {"NVIDIA_VISIBLE_DEVICES": request} if request else {}
+                bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra)
+                start = time.perf_counter()
+                proc = subprocess.run(
+                    [binary, "--root", os.path.join(work, "state"), "run", "--bundle", bundle,
+                     f"bench-{len(results)}-{i}"], env=env, capture_output=True, text=True,
+                )
+                elapsed = time.perf_counter() - start
+                if proc.returncode != 0:
+                    raise SystemExit(f"{label}: {proc.stderr.strip()}")
+                if i:  # the first run is a warm-up
+                    samples.append(elapsed)
+            results[label] = statistics.median(samples)
+        base = results["bare runc"]
+        print(f"container start (runc run of busybox /bin/true), median of {opts.runs}:")
+        for label, value in results.items():
+            print(f"  {label:<16} {value * 1000:7.1f} ms  added {(value - base) * 1000:+6.1f} ms"
+                  f"  ratio {value / base:5.2f}")
+
+        state_dir = os.path.join(tmp, "state-empty")
+        os.makedirs(state_dir)
+        figures = {}
+        for label, binary in (("bare runc", runc), ("nvshim-runtime", runtime)):
+            samples = []
+            for _ in range(opts.runs * 4):
+                start = time.perf_counter()
+                subprocess.run([binary, "--root", state_dir, "list"], env=env,
+                               capture_output=True, check=True)
+                samples.append(time.perf_counter() - start)
+            figures[label] = statistics.median(samples)
+        added = (figures["nvshim-runtime"] - figures["bare runc"]) * 1000
+        print(f"non-create call (`list`), median of {opts.runs * 4}: bare "
+              f"{figures['bare runc'] * 1000:.1f} ms, through nvshim "
+              f"{figures['nvshim-runtime'] * 1000:.1f} ms, added {added:+.1f} ms "
+              f"(ratio {figures['nvshim-runtime'] / figures['bare runc']:.2f}; target < 5 ms)")
+        one = (results["nvshim, 1 GPU"] - base) * 1000
+        print(f"1-GPU create adds {one:.1f} ms median (target < 25 ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvshim.errors import NvshimError
+from nvshim.runtime import DEFAULT_RUNTIMES
 
 DEFAULT_PATH = "/etc/nvshim/config.toml"
 
@@ -23,7 +24,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "dev-root": "/",
     },
     "runtime": {
-        "runtimes": ["runc", "crun"],
+        "runtimes": list(DEFAULT_RUNTIMES),
         "log-file": "/var/log/nvshim.log",
         "hook-path": "/usr/local/bin/nvshim-hook",
         "state-dir": "/run/nvshim",

@@ -330,3 +330,26 @@ def test_json_log_error_reaches_engine(h100, tmp_path):
     assert proc.returncode == 1
     record = json.loads(log.read_text().splitlines()[-1])
     assert record["level"] == "error" and "42" in record["msg"]
+
+
+def test_pass_through_follows_config_changes(launchers, tmp_path):
+    """The resolved low-level runtime is cached per config file; editing the file (or
+    PATH) takes effect on the next call."""
+    fake = tmp_path / "fake-runc"
+    fake.write_text('#!/bin/sh\necho FAKE "$@"\n')
+    fake.chmod(0o755)
+    config = tmp_path / "config.toml"
+    runtime = os.path.join(launchers, "nvshim-runtime")
+    env = {"NVSHIM_CONFIG": str(config), "PATH": os.environ["PATH"]}
+    for expected in ("FAKE", "runc version", "FAKE"):
+        target = str(fake) if expected == "FAKE" else "runc"
+        config.write_text(f'# {expected}\n[runtime]\nruntimes = ["{target}"]\n')
+        proc = subprocess.run([runtime, "--version"], capture_output=True, text=True, env=env)
+        assert proc.stdout.startswith(expected), proc.stdout + proc.stderr
+    config.write_text('[runtime]\nruntimes = ["/nonexistent/runc"]\n')
+    proc = subprocess.run([runtime, "--version"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.strip()
+        == "nvshim-runtime: error: no low-level runtime found (tried /nonexistent/runc)"
+    )

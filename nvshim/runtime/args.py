@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 # runc global flags that take a value
 _GLOBAL_VALUE_FLAGS = {"--root", "--log", "--log-format", "--criu", "--rootless"}
 # create/run flags that take a value
 _CREATE_VALUE_FLAGS = {"--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds"}
 
 
-@dataclass
 class RuncArgs:
-    command: str | None
-    bundle: str | None = None
-    container_id: str | None = None
-    log: str | None = None
-    log_format: str | None = None
+    """The parts of a runc command line nvshim-runtime needs (no dataclass: import cost)."""
+
+    __slots__ = ("command", "bundle", "container_id", "log", "log_format")
+
+    def __init__(self, command: str | None = None) -> None:
+        self.command = command
+        self.bundle: str | None = None
+        self.container_id: str | None = None
+        self.log: str | None = None
+        self.log_format: str | None = None
 
 
 def _flag(arg: str) -> tuple[str, str | None]:

@@ -13,30 +13,6 @@ import sys
 TOOL = "nvshim-runtime"
 
 
-def find_runtime(candidates: list[str]) -> str:
-    """First configured low-level runtime found (absolute paths or names on PATH)."""
-    path = os.environ.get("PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    me = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    for name in candidates:
-        if "/" in name:
-            options = [name]
-        else:
-            options = [os.path.join(d, name) for d in path.split(":") if d]
-        for option in options:
-            if os.path.isfile(option) and os.access(option, os.X_OK):
-                if os.path.realpath(option) != me:
-                    return option
-    from nvshim.errors import NvshimError
-
-    raise NvshimError(f"no low-level runtime found (tried {', '.join(candidates)})")
-
-
-def _runtimes() -> list[str]:
-    from nvshim.config import load_config
-
-    return load_config().get("runtime", "runtimes")
-
-
 def _report(args, message: str) -> None:
     """An error the engine will show: stderr, and runc's JSON log when one is configured."""
     print(f"{TOOL}: error: {message}", file=sys.stderr)
@@ -64,14 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         from nvshim.runtime.args import parse_runc_args
 
         args = parse_runc_args(argv)
+        config = None
         if args.command in ("create", "run"):
             from nvshim.runtime.create import prepare_bundle
 
             config = prepare_bundle(args.bundle or os.getcwd(), args.container_id or "")
-            runtimes = config.get("runtime", "runtimes")
-        else:
-            runtimes = _runtimes()
-        runtime = find_runtime(runtimes)
+        from nvshim.runtime.lowlevel import resolve
+
+        runtime = resolve(config)
     except Exception as err:  # noqa: BLE001 - every failure must be one line, never a traceback
         from nvshim.errors import NvshimError
 

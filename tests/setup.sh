@@ -27,6 +27,12 @@ stamp=.venv/.nvshim-deps
 if [ ! -x .venv/bin/python3 ] || [ ! -e "$stamp" ] || [ setup.py -nt "$stamp" ]; then
     echo "setup: preparing .venv" >&2
     [ -x .venv/bin/python3 ] || "$PY" -m venv .venv
-    .venv/bin/python3 -m pip install -q --disable-pip-version-check -e '.[test]' >&2
+    log=$(mktemp)
+    if ! .venv/bin/python3 -m pip install -q --disable-pip-version-check -e '.[test]' >"$log" 2>&1; then
+        cat "$log" >&2; rm -f "$log"
+        echo "setup: pip install failed (output above)" >&2
+        exit 1
+    fi
+    rm -f "$log"
     touch "$stamp"
 fi

@@ -76,7 +76,8 @@ def main() -> int:
             "echo 'libcuda:'; ls -l /usr/lib/x86_64-linux-gnu/ | grep libcuda"
         )
         proc = podman_run(
-            os.path.join(args.dir, "podman"), rootfs,
+            os.path.join(args.dir, "podman"),
+            rootfs,
             ["--device", "nvidia.com/gpu=0", "--", "/bin/sh", "-c", script],
             cdi_dir=cdi_dir,
         )
@@ -85,6 +86,36 @@ def main() -> int:
             return proc.returncode
     else:
         print("\n(podman not installed: skipping the container step)")
+
+    if shutil.which("runc"):
+        from tests.podman_util import make_busybox_rootfs
+        from tests.runc_util import make_bundle, runc_run
+
+        step("runc through nvshim-runtime, a privileged container asking for MIG device 6:1")
+        work = os.path.join(args.dir, "runc")
+        rootfs = make_busybox_rootfs(os.path.join(work, "rootfs"))
+        bundle = make_bundle(
+            work,
+            rootfs,
+            [
+                "/bin/sh",
+                "-c",
+                "ls /dev /dev/nvidia-caps; echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES",
+            ],
+            env={"NVIDIA_VISIBLE_DEVICES": "6:1"},
+            capabilities=["CAP_SYS_ADMIN", "CAP_KILL", "CAP_AUDIT_WRITE"],
+        )
+        proc = runc_run(
+            bundle,
+            "nvshim-demo",
+            runtime=os.path.join(bin_dir, "nvshim-runtime"),
+            env={"NVSHIM_CONFIG": config},
+        )
+        print(proc.stdout + proc.stderr)
+        with open(os.path.join(args.dir, "nvshim.log")) as fh:
+            print("decision log:\n" + "".join(line for line in fh if "nvshim-runtime" in line))
+        if proc.returncode != 0:
+            return proc.returncode
     print("\ndemo finished: everything above ran against the simulated host")
     return 0
 

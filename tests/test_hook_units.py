@@ -196,3 +196,32 @@ def test_config_option_goes_before_or_after_the_step():
     assert parser.parse_args(["--config", "/c", "prestart"]).config == "/c"
     assert parser.parse_args(["prestart", "--config", "/c"]).config == "/c"
     assert parser.parse_args(["prestart"]).config is None
+
+
+def test_prestart_refuses_mps_env_it_cannot_set():
+    from nvshim.errors import NvshimError
+    from nvshim.hook.main import check_mps_env
+
+    need = [
+        "CUDA_VISIBLE_DEVICES=GPU-a",
+        "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+    ]
+    check_mps_env(
+        {"CUDA_MPS_PIPE_DIRECTORY": "/run/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"},
+        need,
+    )
+    with pytest.raises(NvshimError, match="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='50'"):
+        check_mps_env(
+            {
+                "CUDA_MPS_PIPE_DIRECTORY": "/run/nvidia-mps",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+            },
+            need,
+        )
+    with pytest.raises(NvshimError, match="CUDA_MPS_PIPE_DIRECTORY=''"):
+        check_mps_env({}, need)
+    # a GPU that is not shared: the policy clears MPS variables; unset is fine, a value is not
+    check_mps_env({}, ["CUDA_MPS_PIPE_DIRECTORY="])
+    with pytest.raises(NvshimError, match="CUDA_MPS_PIPE_DIRECTORY='/tmp/nvidia-mps'"):
+        check_mps_env({"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}, ["CUDA_MPS_PIPE_DIRECTORY="])

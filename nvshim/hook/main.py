@@ -199,8 +199,27 @@ def prestart(state, ctx: Context) -> dict | None:
     fields = dict(selection.log)
     if selection.edits.is_empty():
         return fields
+    from nvshim.policy.request import spec_env
+
+    check_mps_env(spec_env(spec), selection.edits.env)
     fields.update(apply_edits(state, rootfs_path(spec, state.bundle), selection.edits, ctx))
     return fields
+
+
+def check_mps_env(container_env: dict[str, str], edit_env: list[str]) -> None:
+    """A prestart hook cannot set env, so MPS sharing is enforced by refusal: every
+    ``CUDA_MPS_*`` value the policy sets must already be the container's (unset counts
+    as empty). Raises NvshimError naming the first mismatch."""
+    for entry in edit_env:
+        key, _, want = entry.partition("=")
+        if not key.startswith("CUDA_MPS_"):
+            continue
+        have = container_env.get(key, "")
+        if have != want:
+            raise NvshimError(
+                f"{key}={have!r} but the GPU's sharing policy needs {want!r}; a prestart "
+                "hook cannot change env: use nvshim-runtime or the shared CDI spec"
+            )
 
 
 def apply_edits(state, rootfs: str, edits, ctx: Context) -> dict:

@@ -217,3 +217,19 @@ def unified_diff(path: str, old: bytes | None, new: bytes | None) -> str:
     for line in lines:
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(out)
+
+
+def points_at_nvshim(runtime_path: str, binary: object) -> bool:
+    """True when an engine's runtime entry names this nvshim-runtime (or any of that name)."""
+    return isinstance(binary, str) and (
+        binary == runtime_path or os.path.basename(binary) == "nvshim-runtime"
+    )
+
+
+def claim_by_key(runtime_path: str, key: str):
+    """A claim test for runtime entries whose binary sits under ``key`` (a flat table)."""
+
+    def claim(entry: object) -> bool:
+        return isinstance(entry, dict) and points_at_nvshim(runtime_path, entry.get(key))
+
+    return claim

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 
+from nvshim.engines import common
 from nvshim.engines.doc import MISSING, Document, Keys
 from nvshim.engines.records import Edit, recorded_before
 from nvshim.engines.settings import Settings
@@ -161,10 +162,7 @@ def _is_ours(s: Settings):
     def claim(table: object) -> bool:
         if not isinstance(table, dict) or not isinstance(table.get("options"), dict):
             return False
-        binary = table["options"].get("BinaryName")
-        return isinstance(binary, str) and (
-            binary == s.runtime_path or os.path.basename(binary) == "nvshim-runtime"
-        )
+        return common.points_at_nvshim(s.runtime_path, table["options"].get("BinaryName"))
 
     return claim
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from nvshim.engines import common
 from nvshim.engines.common import decode, read_bytes
 from nvshim.engines.doc import Document
 from nvshim.engines.records import Edit, recorded_before
@@ -79,16 +80,6 @@ def runtime_table(s: Settings, history: list[dict]) -> dict:
     return entry
 
 
-def _is_ours(s: Settings):
-    def claim(entry: object) -> bool:
-        path = entry.get("runtime_path") if isinstance(entry, dict) else None
-        return isinstance(path, str) and (
-            path == s.runtime_path or os.path.basename(path) == "nvshim-runtime"
-        )
-
-    return claim
-
-
 def plan(
     s: Settings, docs: dict[str, Document], history: dict[str, list[dict]]
 ) -> tuple[dict[str, list], list[str]]:
@@ -113,7 +104,7 @@ def plan(
             runtime_table(s, history.get(s.config, [])),
             kind="owned",
             what=f"runtime {s.runtime_name!r} -> {s.runtime_path}",
-            claim=_is_ours(s),
+            claim=common.claim_by_key(s.runtime_path, "runtime_path"),
         )
     )
     return {s.config: edits}, warnings
@@ -131,7 +122,7 @@ def claims(s: Settings, path: str, doc: Document) -> list[dict]:
             "guess": True,
             "kind": "owned",
             "keys": ["crio", "runtime", "runtimes", s.runtime_name],
-            "claim": _is_ours(s),
+            "claim": common.claim_by_key(s.runtime_path, "runtime_path"),
         },
         {
             "owner": owner,

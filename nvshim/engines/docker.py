@@ -6,8 +6,7 @@ replaced the whole map); every other key is left as it is.
 
 from __future__ import annotations
 
-import os
-
+from nvshim.engines import common
 from nvshim.engines.doc import Document
 from nvshim.engines.jsondoc import JsonDoc
 from nvshim.engines.records import Edit
@@ -22,16 +21,6 @@ def files(s: Settings) -> list[str]:
     return [s.config]
 
 
-def _is_ours(s: Settings):
-    def claim(entry: object) -> bool:
-        path = entry.get("path") if isinstance(entry, dict) else None
-        return isinstance(path, str) and (
-            path == s.runtime_path or os.path.basename(path) == "nvshim-runtime"
-        )
-
-    return claim
-
-
 def plan(
     s: Settings, docs: dict[str, Document], history: dict[str, list[dict]]
 ) -> tuple[dict[str, list], list[str]]:
@@ -42,7 +31,7 @@ def plan(
             {"path": s.runtime_path, "args": []},
             kind="owned",
             what=f"runtime {s.runtime_name!r} -> {s.runtime_path}",
-            claim=_is_ours(s),
+            claim=common.claim_by_key(s.runtime_path, "path"),
         )
     ]
     if s.set_as_default:
@@ -67,7 +56,7 @@ def claims(s: Settings, path: str, doc: Document) -> list[dict]:
             "guess": True,
             "kind": "owned",
             "keys": ["runtimes", s.runtime_name],
-            "claim": _is_ours(s),
+            "claim": common.claim_by_key(s.runtime_path, "path"),
         },
         {
             "owner": s.runtime_name,

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from nvshim.errors import NvshimError
+from nvshim.oci.bundle import load_spec  # noqa: F401 - re-exported for the hook
 
 MAX_STATE_BYTES = 1 << 20
-MAX_SPEC_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -52,26 +52,6 @@ def read_state(stream: BinaryIO) -> State:
         annotations = {}
     annotations = {k: v for k, v in annotations.items() if isinstance(v, str)}
     return State(cid, pid, bundle, annotations)
-
-
-def load_spec(bundle: str) -> dict[str, Any]:
-    """The bundle's ``config.json`` as an object."""
-    path = os.path.join(bundle, "config.json")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as err:
-        raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
-    with os.fdopen(fd, "rb") as fh:
-        raw = fh.read(MAX_SPEC_BYTES + 1)
-    if len(raw) > MAX_SPEC_BYTES:
-        raise NvshimError(f"{path}: larger than {MAX_SPEC_BYTES} bytes")
-    try:
-        spec = json.loads(raw)
-    except ValueError as err:
-        raise NvshimError(f"{path}: invalid JSON: {err}") from None
-    if not isinstance(spec, dict):
-        raise NvshimError(f"{path}: not a JSON object")
-    return spec
 
 
 def rootfs_path(spec: dict[str, Any], bundle: str) -> str:

@@ -83,9 +83,7 @@ def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]
 
     if edits.mounts:
         mounts = _array(spec, "mounts")
-        present = {
-            (m.get("destination"), m.get("source")) for m in mounts if isinstance(m, dict)
-        }
+        present = {(m.get("destination"), m.get("source")) for m in mounts if isinstance(m, dict)}
         for m in edits.mounts:
             if (m.container_path, m.host_path) in present:
                 continue  # already applied (e.g. by the engine's own CDI support)

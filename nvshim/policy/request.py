@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nvshim.config import DEFAULTS
 from nvshim.errors import NvshimError
 
 MAX_VALUE = 64 * 1024  # bytes of one device-list value
@@ -23,14 +24,7 @@ TRUE_WORDS = ("true", "1", "yes")
 _DIGITS = frozenset("0123456789")
 _UUID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
 
-_POLICY_DEFAULTS: dict[str, Any] = {
-    "accept-env-unprivileged": False,
-    "accept-volume-mounts": True,
-    "cdi-annotation-prefixes": ["cdi.k8s.io/"],
-    "default-capabilities": "utility,compute",
-    "cdi-vendor": "nvidia.com",
-    "cdi-class": "gpu",
-}
+_POLICY_DEFAULTS: dict[str, Any] = DEFAULTS["policy"]
 
 
 class RequestError(NvshimError):

@@ -8,28 +8,9 @@ import os
 from nvshim.config import Config, load_config
 from nvshim.errors import NvshimError
 from nvshim.log import log_decision
+from nvshim.oci.bundle import load_spec
 
 TOOL = "nvshim-runtime"
-MAX_SPEC_BYTES = 16 * 1024 * 1024
-
-
-def read_spec(bundle: str) -> tuple[dict, bytes]:
-    """The bundle's config.json (object) and its bytes; NvshimError when unusable."""
-    path = os.path.join(bundle, "config.json")
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_SPEC_BYTES + 1)
-    except OSError as err:
-        raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise NvshimError(f"{path}: larger than {MAX_SPEC_BYTES} bytes")
-    try:
-        spec = json.loads(raw)
-    except ValueError as err:
-        raise NvshimError(f"{path}: invalid JSON: {err}") from None
-    if not isinstance(spec, dict):
-        raise NvshimError(f"{path}: not a JSON object")
-    return spec, raw
 
 
 def prepare_bundle(bundle: str, container_id: str) -> Config:
@@ -40,7 +21,7 @@ def prepare_bundle(bundle: str, container_id: str) -> Config:
     """
     config = load_config()
     log_file = config.get("runtime", "log-file")
-    spec, _raw = read_spec(bundle)
+    spec = load_spec(bundle)
     from nvshim.policy.select import edits_for_spec
 
     try:

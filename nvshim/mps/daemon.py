@@ -411,6 +411,25 @@ def _status(shared: SharedDevice, dirs: DaemonDirs) -> DaemonStatus:
     )
 
 
+def _status_of(
+    shared: SharedDevice | None, uuid: str, dirs: DaemonDirs, state: dict
+) -> DaemonStatus:
+    """The status skeleton: from the sharing config, else from the daemon's saved state
+    (a daemon no longer in the config)."""
+    if shared is not None:
+        return _status(shared, dirs)
+    return DaemonStatus(
+        uuid,
+        uuid,
+        state.get("replicas"),
+        state.get("thread_percentage"),
+        state.get("memory_limit_mib"),
+        dirs.pipe,
+        dirs.log,
+        in_config=False,
+    )
+
+
 def start_daemon(
     host: Host, shared: SharedDevice, mps_root: str, timeout: float = START_TIMEOUT
 ) -> DaemonStatus:
@@ -521,19 +540,7 @@ def stop_daemon(
 
     dirs = daemon_dirs(mps_root, uuid)
     state = _read_state(dirs)
-    if shared is not None:
-        result = _status(shared, dirs)
-    else:
-        result = DaemonStatus(
-            uuid,
-            uuid,
-            state.get("replicas"),
-            state.get("thread_percentage"),
-            state.get("memory_limit_mib"),
-            dirs.pipe,
-            dirs.log,
-            in_config=False,
-        )
+    result = _status_of(shared, uuid, dirs, state)
     pid = daemon_pid(dirs.pipe)
     if pid is None:
         result.action = "not running"
@@ -569,20 +576,7 @@ def daemon_status(
     from nvshim.mps import compute
 
     dirs = daemon_dirs(mps_root, uuid)
-    if shared is not None:
-        result = _status(shared, dirs)
-    else:
-        state = _read_state(dirs)
-        result = DaemonStatus(
-            uuid,
-            uuid,
-            state.get("replicas"),
-            state.get("thread_percentage"),
-            state.get("memory_limit_mib"),
-            dirs.pipe,
-            dirs.log,
-            in_config=False,
-        )
+    result = _status_of(shared, uuid, dirs, _read_state(dirs) if shared is None else {})
     result.pid = daemon_pid(dirs.pipe)
     result.running = result.pid is not None
     gpu = next((g for g in host.gpus if g.uuid == uuid), None)

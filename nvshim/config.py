@@ -26,7 +26,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "runtime": {
         "runtimes": list(DEFAULT_RUNTIMES),
         "log-file": "/var/log/nvshim.log",
-        "hook-path": "/usr/local/bin/nvshim-hook",
+        "hook-path": "/usr/bin/nvshim-hook",
         "state-dir": "/run/nvshim",
     },
     "policy": {

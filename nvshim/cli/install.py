@@ -22,7 +22,7 @@ def hook_file_text(hook_path: str) -> str:
 
 
 @click.command()
-@click.option("--bin-dir", default="/usr/local/bin", show_default=True, help="Where to write.")
+@click.option("--bin-dir", default="/usr/bin", show_default=True, help="Where to write.")
 @click.option("--hooks-dir", default=None, metavar="DIR", help="Also write the OCI hook JSON here.")
 def install(bin_dir: str, hooks_dir: str | None) -> None:
     """Write nvshim-runtime and nvshim-hook (isolated: python -I -S) into --bin-dir."""

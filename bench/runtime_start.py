@@ -54,11 +54,17 @@ def main() -> None:
             ("nvshim, 8 GPUs", runtime, "all"),
         ]
         # warm the inventory cache (as a node would be after its first container)
-        subprocess.run([sys.executable, "-c",
-                        "from nvshim.config import load_config;"
-                        "from nvshim.policy.select import load_host_for;"
-                        "load_host_for(load_config())"], env={**env, "PYTHONPATH": REPO},
-                       check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from nvshim.config import load_config;"
+                "from nvshim.policy.select import load_host_for;"
+                "load_host_for(load_config())",
+            ],
+            env={**env, "PYTHONPATH": REPO},
+            check=True,
+        )
         results = {}
         for label, binary, request in cases:
             samples = []
@@ -70,8 +76,18 @@ def main() -> None:
                 bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra)
                 start = time.perf_counter()
                 proc = subprocess.run(
-                    [binary, "--root", os.path.join(work, "state"), "run", "--bundle", bundle,
-                     f"bench-{len(results)}-{i}"], env=env, capture_output=True, text=True,
+                    [
+                        binary,
+                        "--root",
+                        os.path.join(work, "state"),
+                        "run",
+                        "--bundle",
+                        bundle,
+                        f"bench-{len(results)}-{i}",
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
                 )
                 elapsed = time.perf_counter() - start
                 if proc.returncode != 0:
@@ -82,8 +98,10 @@ def main() -> None:
         base = results["bare runc"]
         print(f"container start (runc run of busybox /bin/true), median of {opts.runs}:")
         for label, value in results.items():
-            print(f"  {label:<16} {value * 1000:7.1f} ms  added {(value - base) * 1000:+6.1f} ms"
-                  f"  ratio {value / base:5.2f}")
+            print(
+                f"  {label:<16} {value * 1000:7.1f} ms  added {(value - base) * 1000:+6.1f} ms"
+                f"  ratio {value / base:5.2f}"
+            )
 
         state_dir = os.path.join(tmp, "state-empty")
         os.makedirs(state_dir)
@@ -92,15 +110,18 @@ def main() -> None:
             samples = []
             for _ in range(opts.runs * 4):
                 start = time.perf_counter()
-                subprocess.run([binary, "--root", state_dir, "list"], env=env,
-                               capture_output=True, check=True)
+                subprocess.run(
+                    [binary, "--root", state_dir, "list"], env=env, capture_output=True, check=True
+                )
                 samples.append(time.perf_counter() - start)
             figures[label] = statistics.median(samples)
         added = (figures["nvshim-runtime"] - figures["bare runc"]) * 1000
-        print(f"non-create call (`list`), median of {opts.runs * 4}: bare "
-              f"{figures['bare runc'] * 1000:.1f} ms, through nvshim "
-              f"{figures['nvshim-runtime'] * 1000:.1f} ms, added {added:+.1f} ms "
-              f"(ratio {figures['nvshim-runtime'] / figures['bare runc']:.2f}; target < 5 ms)")
+        print(
+            f"non-create call (`list`), median of {opts.runs * 4}: bare "
+            f"{figures['bare runc'] * 1000:.1f} ms, through nvshim "
+            f"{figures['nvshim-runtime'] * 1000:.1f} ms, added {added:+.1f} ms "
+            f"(ratio {figures['nvshim-runtime'] / figures['bare runc']:.2f}; target < 5 ms)"
+        )
         one = (results["nvshim, 1 GPU"] - base) * 1000
         print(f"1-GPU create adds {one:.1f} ms median (target < 25 ms)")
 

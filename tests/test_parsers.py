@@ -22,8 +22,16 @@ def _stub(tmp_path, directory, soname, filename):
     src.write_text("int nvshim_stub_symbol(void) { return 0; }\n")
     os.makedirs(directory, exist_ok=True)
     subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{soname}", "-o",
-         os.path.join(directory, filename), str(src)],
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-nostdlib",
+            f"-Wl,-soname,{soname}",
+            "-o",
+            os.path.join(directory, filename),
+            str(src),
+        ],
         check=True,
     )
 
@@ -172,8 +180,26 @@ def test_resolve_in_root_keeps_absolute_links_inside(tmp_path):
 @pytest.mark.parametrize(
     "argv, command, bundle, cid, log",
     [
-        (["--root", "/r", "--log", "/l.json", "--log-format", "json", "create", "--bundle", "/b",
-          "--pid-file", "/p", "c1"], "create", "/b", "c1", "/l.json"),
+        (
+            [
+                "--root",
+                "/r",
+                "--log",
+                "/l.json",
+                "--log-format",
+                "json",
+                "create",
+                "--bundle",
+                "/b",
+                "--pid-file",
+                "/p",
+                "c1",
+            ],
+            "create",
+            "/b",
+            "c1",
+            "/l.json",
+        ),
         (["--root=/r", "run", "-b", "/b", "--detach", "c2"], "run", "/b", "c2", None),
         (["--systemd-cgroup", "create", "--bundle=/b", "c3"], "create", "/b", "c3", None),
         (["--root", "create", "state", "c4"], "state", None, None, None),  # a value named create

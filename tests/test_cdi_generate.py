@@ -258,3 +258,20 @@ def test_podman_consumes_the_spec(sim_hosts, launchers, tmp_path):
     assert caps <= listed
     assert f"nvidia{gpu6['minor']}" in listed
     assert {x for x in listed if x.startswith("nvidia-cap") and x != "nvidia-caps"} == caps
+
+
+def test_unseen_host_other_topology_and_driver(tmp_path):
+    """A host nvshim has never seen: 3 GPUs, MIG everywhere, another driver version."""
+    from tests.sim.simhost import build_host
+    from tests.sim.topology import generate_topology
+
+    sim = build_host(generate_topology(3, True, driver_version="570.86.10"), str(tmp_path / "h"))
+    out = tmp_path / "spec.json"
+    generate(sim, "-o", str(out), "--device-name-strategy", "uuid")
+    assert run_nvshim("cdi", "validate", str(out)).returncode == 0
+    spec = json.loads(out.read_text())
+    assert [d["name"] for d in spec["devices"]] == sim.mig_uuids() + ["all"]
+    mounts = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.570.86.10" in mounts
+    assert not any("550.90.12" in m for m in mounts)
+    assert "/lib/firmware/nvidia/570.86.10/gsp_ga10x.bin" in mounts

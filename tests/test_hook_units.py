@@ -225,3 +225,30 @@ def test_prestart_refuses_mps_env_it_cannot_set():
     check_mps_env({}, ["CUDA_MPS_PIPE_DIRECTORY="])
     with pytest.raises(NvshimError, match="CUDA_MPS_PIPE_DIRECTORY='/tmp/nvidia-mps'"):
         check_mps_env({"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}, ["CUDA_MPS_PIPE_DIRECTORY="])
+
+
+@pytest.mark.parametrize("on_down, code", [("fail", 1), ("warn", 0)])
+def test_mps_check_refuses_when_the_daemon_is_down(tmp_path, launchers, on_down, code):
+    """The CDI sharing spec's createRuntime hook: no live daemon in the device's pipe dir."""
+    import json
+    import subprocess
+
+    config = tmp_path / "config.toml"
+    log = tmp_path / "log"
+    config.write_text(
+        f'[runtime]\nlog-file = "{log}"\n'
+        f'[sharing]\nmps-root = "{tmp_path / "mps"}"\non-daemon-down = "{on_down}"\n'
+    )
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "pid": 1, "bundle": str(tmp_path)})
+    proc = subprocess.run(
+        [f"{launchers}/nvshim-hook", "--config", str(config), "mps-check", "GPU-abc"],
+        input=state,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == code, proc.stderr
+    text = log.read_text()
+    assert "GPU-abc" in text and "MPS control daemon is not running" in text
+    if code:
+        assert proc.stderr.count("\n") == 1 and "nvshim mps start" in proc.stderr

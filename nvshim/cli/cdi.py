@@ -90,6 +90,7 @@ def generate(
             vendor=vendor,
             cls=cls,
             strategies=strategies or ("index",),
+            daemon_check_hook=True,
         )
     else:
         spec = build_spec(

@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         "prestart", parents=[common], help="standalone mode: apply a GPU request's edits"
     )
     p = sub.add_parser(
+        "mps-check",
+        parents=[common],
+        help="refuse the container when the MPS daemon of a shared device is down (CDI specs)",
+    )
+    p.add_argument("uuid", help="the MPS-shared GPU or MIG device")
+    p = sub.add_parser(
         "finish",
         parents=[common],
         help=f"run several finishing steps in one process: STEP ARGS [{SEPARATOR} STEP ARGS]...",
@@ -256,6 +262,12 @@ def apply_edits(state, rootfs: str, edits, ctx: Context) -> dict:
 def _run(args: argparse.Namespace, state, ctx: Context) -> dict | None:
     if args.command == "prestart":
         return prestart(state, ctx)
+    if args.command == "mps-check":
+        from nvshim.mps.enforce import check_daemon
+
+        sharing = ctx.config.values["sharing"]
+        warning = check_daemon(sharing["mps-root"], args.uuid, sharing["on-daemon-down"])
+        return {"device": args.uuid, "mps_warning": warning}
     steps = parse_finish(args.steps) if args.command == "finish" else [args]
     return run_steps(state.pid, _container_root(state), steps, ctx)
 

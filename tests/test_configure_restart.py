@@ -13,10 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nvshim.cli import main
-from nvshim.engines.settings import ENV
 from tests.engines.containerd_instance import private_containerd
-from tests.engines.corpus_cases import CORPUS, tree
+from tests.engines.corpus_cases import CORPUS, clear_engine_env, run_cli, tree
 
 V16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
 needs_containerd = pytest.mark.skipif(
@@ -27,21 +25,10 @@ needs_containerd = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for table in ENV.values():
-        for names in table.values():
-            for name in names:
-                monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NVSHIM_CONTAINERD_VERSION", "1.6.20")
+    clear_engine_env(monkeypatch, "1.6.20")
 
 
-def nvshim(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+nvshim = run_cli
 
 
 @needs_containerd

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nvshim.cli import main
 from nvshim.engines.common import load_state
-from nvshim.engines.settings import ENV
-from tests.engines.corpus_cases import CORPUS, tree
+from tests.engines.corpus_cases import CORPUS, clear_engine_env, run_cli, tree
 
 REPO = Path(__file__).resolve().parents[1]
 COMMENTS = (CORPUS / "containerd-comments" / "input" / "config.toml").read_text()
@@ -24,22 +22,10 @@ V16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for table in ENV.values():
-        for names in table.values():
-            for name in names:
-                monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NVSHIM_CONTAINERD_VERSION", "1.7.13")
+    clear_engine_env(monkeypatch, "1.7.13")
 
 
-def nvshim(capsys, *argv: str) -> tuple[int, str, str]:
-    """Run the CLI in-process: (exit code, stdout, stderr)."""
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+nvshim = run_cli
 
 
 def ctd(path: Path, *extra: str) -> list[str]:

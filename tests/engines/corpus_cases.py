@@ -81,3 +81,27 @@ def tree(root: Path) -> dict[str, bytes]:
 
 def dirs(root: Path) -> set[str]:
     return {str(Path(d).relative_to(root)) for d, _, _ in os.walk(root) if Path(d) != root}
+
+
+def clear_engine_env(monkeypatch, containerd_version: str) -> None:
+    """Drop every variable `nvshim configure` reads and pin the containerd version."""
+    from nvshim.engines.settings import ENV
+
+    for table in ENV.values():
+        for names in table.values():
+            for name in names:
+                monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NVSHIM_CONTAINERD_VERSION", containerd_version)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run the nvshim CLI in-process: (exit code, stdout, stderr)."""
+    from nvshim.cli import main
+
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -23,11 +23,9 @@ def info(as_json: bool, driver_root: str, dev_root: str, config) -> None:
 
 
 def _sharing_modes(config, host: Host) -> dict[str, str]:
-    """Sharing mode per device UUID (from the sharing config, when that feature is present)."""
-    try:
-        from nvshim.mps.sharing import sharing_modes
-    except ImportError:
-        return {}
+    """Sharing mode per device UUID, from the sharing config."""
+    from nvshim.mps.sharing import sharing_modes
+
     return sharing_modes(config, host)
 
 

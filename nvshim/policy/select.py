@@ -60,11 +60,9 @@ def select(request, host: Host, config: Config) -> Selection:
 
 
 def _amend_sharing(edits, devices, request, host, config, log) -> ContainerEdits:
-    """Sharing (MPS) edits when that feature is installed; unchanged otherwise."""
-    try:
-        from nvshim.mps.enforce import sharing_edits
-    except ImportError:
-        return edits
+    """The sharing policy's (MPS) amendments for these devices."""
+    from nvshim.mps.enforce import sharing_edits
+
     return sharing_edits(edits, devices, request, host, config, log)
 
 

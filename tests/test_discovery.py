@@ -189,3 +189,23 @@ def test_inventory_cache_avoids_nvml_until_the_driver_changes(tmp_path):
     os.utime(os.path.join(sim.driver_root, "etc/ld.so.cache"), ns=(1, 1))
     with pytest.raises(NvshimError, match="NVML initialisation failed"):
         load_host(sim.driver_root, sim.dev_root, state)
+
+
+def test_info_shows_sharing_and_survives_a_broken_sharing_config(sim_hosts, tmp_path):
+    sim = sim_hosts("single")
+    sharing = tmp_path / "sharing.yaml"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[sharing]\nconfig = "{sharing}"\n')
+    sharing.write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - {name: nvidia.com/gpu, replicas: 3}\n"
+    )
+    args = ("info", "--driver-root", sim.driver_root, "--dev-root", sim.dev_root)
+    proc = run_nvshim(*args, env={"NVSHIM_CONFIG": str(config)})
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if sim.gpu_uuids()[0] in line)
+    assert row.split()[-1] != "none"
+    sharing.write_text("version: v9\n")
+    proc = run_nvshim(*args, env={"NVSHIM_CONFIG": str(config)})
+    assert proc.returncode == 0
+    assert "warning: sharing config:" in proc.stderr

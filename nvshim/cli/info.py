@@ -23,10 +23,15 @@ def info(as_json: bool, driver_root: str, dev_root: str, config) -> None:
 
 
 def _sharing_modes(config, host: Host) -> dict[str, str]:
-    """Sharing mode per device UUID, from the sharing config."""
+    """Sharing mode per device UUID, from the sharing config (a broken one: a warning)."""
+    from nvshim.errors import NvshimError
     from nvshim.mps.sharing import sharing_modes
 
-    return sharing_modes(config, host)
+    try:
+        return sharing_modes(config, host)
+    except NvshimError as err:
+        click.echo(f"nvshim: warning: sharing config: {err}", err=True)
+        return {}
 
 
 def _gib(nbytes: int) -> str:

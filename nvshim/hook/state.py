@@ -6,13 +6,15 @@ NvshimError line naming the input on anything unusable.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from nvshim.errors import NvshimError
-from nvshim.oci.bundle import load_spec  # noqa: F401 - re-exported for the hook
+from nvshim.oci.bundle import (
+    load_spec,  # noqa: F401 - re-exported for the hook
+    read_json_object,
+)
 
 MAX_STATE_BYTES = 1 << 20
 
@@ -29,15 +31,7 @@ class State:
 
 def read_state(stream: BinaryIO) -> State:
     """Parse the OCI state JSON a runtime writes to a hook's stdin."""
-    raw = stream.read(MAX_STATE_BYTES + 1)
-    if len(raw) > MAX_STATE_BYTES:
-        raise NvshimError(f"OCI state on stdin: larger than {MAX_STATE_BYTES} bytes")
-    try:
-        data = json.loads(raw)
-    except ValueError as err:
-        raise NvshimError(f"OCI state on stdin: invalid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise NvshimError("OCI state on stdin: not a JSON object")
+    data = read_json_object(stream, MAX_STATE_BYTES, "OCI state on stdin")
     cid = data.get("id")
     pid = data.get("pid")
     bundle = data.get("bundle")

@@ -51,28 +51,32 @@ def control_nodes(dev_root: str) -> list[NodeInfo]:
     return out
 
 
-def read_char_majors(dev_root: str, warnings: list[str]) -> dict[str, int]:
-    path = host_path(dev_root, "/proc/devices")
+def _read_proc(dev_root: str, path: str, parse, empty, warnings: list[str], effect: str = ""):
+    """``parse`` of a kernel file under the dev root; a warning and ``empty`` on failure."""
+    hp = host_path(dev_root, path)
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return parse_proc_devices(fh.read())
+        with open(hp, encoding="utf-8", errors="replace") as fh:
+            return parse(fh.read())
     except OSError as err:
-        warnings.append(f"{path}: unreadable ({err.strerror})")
+        warnings.append(f"{hp}: unreadable ({err.strerror}){effect}")
     except ValueError as err:
-        warnings.append(f"{path}: {err}")
-    return {}
+        warnings.append(f"{hp}: {err}")
+    return empty
+
+
+def read_char_majors(dev_root: str, warnings: list[str]) -> dict[str, int]:
+    return _read_proc(dev_root, "/proc/devices", parse_proc_devices, {}, warnings)
 
 
 def read_mig_minors(dev_root: str, warnings: list[str]) -> MigMinors:
-    path = host_path(dev_root, "/proc/driver/nvidia-caps/mig-minors")
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return parse_mig_minors(fh.read())
-    except OSError as err:
-        warnings.append(f"{path}: unreadable ({err.strerror}); MIG devices get no capability nodes")
-    except ValueError as err:
-        warnings.append(f"{path}: {err}")
-    return MigMinors()
+    return _read_proc(
+        dev_root,
+        "/proc/driver/nvidia-caps/mig-minors",
+        parse_mig_minors,
+        MigMinors(),
+        warnings,
+        "; MIG devices get no capability nodes",
+    )
 
 
 def cap_node(dev_root: str, caps_major: int | None, minor: int | None) -> NodeInfo | None:

@@ -12,6 +12,21 @@ from nvshim.errors import NvshimError
 MAX_SPEC_BYTES = 16 << 20
 
 
+def read_json_object(stream, limit: int, what: str) -> dict[str, Any]:
+    """A JSON object read from ``stream`` (at most ``limit`` bytes); NvshimError naming
+    ``what`` when it is too large, not JSON, or not an object."""
+    raw = stream.read(limit + 1)
+    if len(raw) > limit:
+        raise NvshimError(f"{what}: larger than {limit} bytes")
+    try:
+        data = json.loads(raw)
+    except ValueError as err:
+        raise NvshimError(f"{what}: invalid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise NvshimError(f"{what}: not a JSON object")
+    return data
+
+
 def load_spec(bundle: str) -> dict[str, Any]:
     """The bundle's ``config.json`` as an object; NvshimError (one line) when unusable."""
     path = os.path.join(bundle, "config.json")
@@ -20,13 +35,4 @@ def load_spec(bundle: str) -> dict[str, Any]:
     except OSError as err:
         raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
     with os.fdopen(fd, "rb") as fh:
-        raw = fh.read(MAX_SPEC_BYTES + 1)
-    if len(raw) > MAX_SPEC_BYTES:
-        raise NvshimError(f"{path}: larger than {MAX_SPEC_BYTES} bytes")
-    try:
-        spec = json.loads(raw)
-    except ValueError as err:
-        raise NvshimError(f"{path}: invalid JSON: {err}") from None
-    if not isinstance(spec, dict):
-        raise NvshimError(f"{path}: not a JSON object")
-    return spec
+        return read_json_object(fh, MAX_SPEC_BYTES, path)

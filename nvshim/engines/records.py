@@ -135,12 +135,7 @@ def revert_records(doc: Document, records: list[dict]) -> tuple[list[str], list[
             if claim is not None and not claim(current):
                 kept.append(f"kept {name}: not nvshim's")
                 continue
-            if "before" in rec:
-                doc.set(keys, rec["before"])
-                undone.append(f"restored {name}")
-            else:
-                doc.delete(keys)
-                undone.append(f"removed {name}")
+            undone.append(_put_back(doc, keys, rec, name, show_value=False))
         elif kind == "set":
             if current is MISSING:
                 continue
@@ -148,12 +143,7 @@ def revert_records(doc: Document, records: list[dict]) -> tuple[list[str], list[
                 if not rec.get("guess"):
                     kept.append(f"kept {name} = {current!r}: changed since nvshim set it")
                 continue
-            if "before" in rec:
-                doc.set(keys, rec["before"])
-                undone.append(f"restored {name} = {rec['before']!r}")
-            else:
-                doc.delete(keys)
-                undone.append(f"removed {name}")
+            undone.append(_put_back(doc, keys, rec, name, show_value=True))
         elif kind == "item":
             if isinstance(current, list) and any(same(x, rec["after"]) for x in current):
                 doc.list_remove(keys, rec["after"])
@@ -164,3 +154,13 @@ def revert_records(doc: Document, records: list[dict]) -> tuple[list[str], list[
             if isinstance(current, dict) and not current:
                 doc.delete(keys)
     return undone, kept
+
+
+def _put_back(doc, keys, rec: dict, name: str, show_value: bool) -> str:
+    """Restore the recorded ``before`` value of ``keys`` (or delete the key nvshim added);
+    the line saying what was done."""
+    if "before" not in rec:
+        doc.delete(keys)
+        return f"removed {name}"
+    doc.set(keys, rec["before"])
+    return f"restored {name} = {rec['before']!r}" if show_value else f"restored {name}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nvshim.host.edits import all_devices  # noqa: F401 - what ``all`` means, one place
 from nvshim.host.model import Gpu, Host, MigDevice
 from nvshim.policy.request import DeviceList, RequestError, parse_device_id
 
@@ -63,11 +64,6 @@ def _resolve_one(host: Host, device_id: str) -> Gpu | MigDevice:
                     if (mig.gi, mig.ci) == (int(gi), int(ci)):
                         return mig
     raise _unknown(device_id, host)
-
-
-def all_devices(host: Host) -> list[Gpu | MigDevice]:
-    """Every GPU not in MIG mode, then every MIG device (what ``all`` means)."""
-    return [g for g in host.gpus if not g.mig_enabled] + host.mig_devices()
 
 
 def resolve_devices(host: Host, devices: DeviceList) -> list[Gpu | MigDevice]:

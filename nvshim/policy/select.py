@@ -22,9 +22,10 @@ class Selection:
     log: dict[str, Any] = field(default_factory=dict)
 
 
-def select(request, host: Host, config: Config) -> Selection:
+def select(request, host: Host | None, config: Config) -> Selection:
     """Resolve the request's devices, check requirements, and build the edits.
 
+    ``host`` None: the cached inventory, loaded only when the request is honoured.
     Raises NvshimError (RequestError/RequirementError) when the request cannot be met.
     """
     from nvshim.policy.require import check_requirements
@@ -37,6 +38,7 @@ def select(request, host: Host, config: Config) -> Selection:
     if request.denied:
         log["denied"] = request.denied
         return Selection(ContainerEdits(), [], log)
+    host = host or load_host_for(config)
     devices = resolve_devices(host, request.devices)
     check_requirements(
         request.requirements,
@@ -80,6 +82,4 @@ def edits_for_spec(spec: dict[str, Any], config: Config, host: Host | None = Non
     request = request_from_spec(spec, config.values["policy"])
     if request is None:
         return None
-    if request.denied:
-        return Selection(ContainerEdits(), [], {"source": request.source, "denied": request.denied})
-    return select(request, host or load_host_for(config), config)
+    return select(request, host, config)

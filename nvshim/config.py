@@ -10,10 +10,10 @@ from __future__ import annotations
 import copy
 import os
 import tomllib
-from dataclasses import dataclass, field
 from typing import Any
 
 from nvshim.errors import NvshimError
+from nvshim.record import field, record
 from nvshim.runtime import DEFAULT_RUNTIMES
 
 DEFAULT_PATH = "/etc/nvshim/config.toml"
@@ -45,7 +45,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-@dataclass
+@record
 class Config:
     """The effective configuration: defaults overlaid with the file's values."""
 

@@ -7,8 +7,9 @@ three sinks (CDI writer, OCI spec modifier, prestart hook) consume them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from typing import Any
+
+from nvshim.record import field, record, replace
 
 HOOK_NAMES = (
     "prestart",
@@ -20,7 +21,7 @@ HOOK_NAMES = (
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceNode:
     """A device node to create in the container (``path``) from the host (``host_path``)."""
 
@@ -69,7 +70,7 @@ class DeviceNode:
         )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Mount:
     """A bind (or typed) mount of ``host_path`` at ``container_path``."""
 
@@ -96,7 +97,7 @@ class Mount:
         )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Hook:
     """An OCI hook entry to run at ``hook_name``; ``env`` is always explicit."""
 
@@ -134,7 +135,7 @@ def env_key(entry: str) -> str:
     return entry.split("=", 1)[0]
 
 
-@dataclass
+@record
 class ContainerEdits:
     """Edits to apply to a container; ``merge`` de-duplicates, later entries win."""
 

@@ -4,7 +4,8 @@ behind the old ``ld.so-1.7.0`` table). Standard library only: the hook imports i
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+
+from nvshim.record import record
 
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache1.1"
@@ -27,7 +28,7 @@ class LdCacheError(ValueError):
     """The data is not a cache this parser understands."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LdCacheEntry:
     """One library in the cache: ``name`` is the SONAME-like key, ``path`` its file."""
 

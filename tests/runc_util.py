@@ -9,7 +9,6 @@ the given process, env, annotations, mounts, hooks and capabilities.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import json
 import os
@@ -20,6 +19,7 @@ import subprocess
 import tempfile
 from typing import Any
 
+from nvshim.record import asdict
 from tests.podman_util import make_busybox_rootfs
 
 __all__ = ["make_bundle", "make_busybox_rootfs", "runc_run", "runc_spec"]
@@ -268,7 +268,7 @@ def apply_edits_hook(
     os.makedirs(directory, exist_ok=True)
     edits_file = os.path.join(directory, "edits.json")
     with open(edits_file, "w", encoding="utf-8") as fh:
-        json.dump(dataclasses.asdict(edits), fh)  # every field (CDI has no file mode)
+        json.dump(asdict(edits), fh)  # every field (CDI has no file mode)
     script = os.path.join(directory, "apply_hook.py")
     with open(script, "w", encoding="utf-8") as fh:
         fh.write(_APPLY_SCRIPT.format(roots=import_roots()))

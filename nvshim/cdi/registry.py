@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from nvshim.cdi.validate import load_spec_file, validate_spec
 from nvshim.errors import NvshimError
+from nvshim.record import field, record
 
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 LOADED_SUFFIXES = (".json", ".yaml")
@@ -24,7 +24,7 @@ LOADED_SUFFIXES = (".json", ".yaml")
 SpecDevice = tuple[str, dict[str, Any], dict[str, Any]]  # (spec path, device, whole spec)
 
 
-@dataclass
+@record
 class SpecScan:
     """What a scan of the spec directories found."""
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import os
-from dataclasses import dataclass, field
 from types import ModuleType
 
+from nvshim import record as records
 from nvshim.engines import containerd, crio, docker
 from nvshim.engines.common import (
     FileState,
@@ -33,6 +32,7 @@ from nvshim.engines.common import (
 from nvshim.engines.records import apply_edits, revert_records
 from nvshim.engines.restart import find_systemctl, restart, socket_owner
 from nvshim.engines.settings import Settings
+from nvshim.record import field, record
 
 ENGINE_MODULES: dict[str, ModuleType] = {
     "containerd": containerd,
@@ -41,7 +41,7 @@ ENGINE_MODULES: dict[str, ModuleType] = {
 }
 
 
-@dataclass
+@record
 class Report:
     """What a run did (or would do), line by line, and whether any file changed."""
 
@@ -49,7 +49,7 @@ class Report:
     changed: bool = False
 
 
-@dataclass
+@record
 class _Change:
     path: str
     old: bytes | None
@@ -62,7 +62,7 @@ class _Change:
 
 def _resolved(s: Settings) -> Settings:
     """Settings with the files' real paths (writing through a symlink must not replace it)."""
-    return dataclasses.replace(
+    return records.replace(
         s,
         config=os.path.realpath(s.config),
         drop_in=os.path.realpath(s.drop_in) if s.drop_in else None,

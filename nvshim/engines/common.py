@@ -22,11 +22,11 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from nvshim.errors import NvshimError
 from nvshim.fsutil import atomic_write
+from nvshim.record import field, record
 
 BACKUP_SUFFIX = ".nvshim.bak"
 STATE_SUFFIX = ".nvshim.state"
@@ -110,7 +110,7 @@ def locked(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-@dataclass
+@record
 class FileState:
     """What nvshim recorded about one configuration file."""
 

@@ -17,14 +17,14 @@ Engines also make records up (``guess: true``) for files nvshim has no record of
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from nvshim.engines.doc import MISSING, Document, Keys, dotted, same, type_name
 from nvshim.errors import UsageError
+from nvshim.record import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Edit:
     """One thing an engine wants in a document.
 

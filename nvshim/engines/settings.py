@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from nvshim.engines import ENGINES
 from nvshim.errors import UsageError
+from nvshim.record import record
 
 DEFAULT_CONFIG = {
     "containerd": "/etc/containerd/config.toml",
@@ -64,7 +64,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Settings:
     """A resolved run: which engine and file, what to register, how to restart."""
 

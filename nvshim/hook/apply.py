@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 
 from nvshim.edits import ContainerEdits, DeviceNode, Mount
 from nvshim.errors import NvshimError
 from nvshim.hook import bind
 from nvshim.hook.cgroup import allow_rule
 from nvshim.hook.fsroot import RootFS, RootPathError, normalize
+from nvshim.record import record
 
 
-@dataclass
+@record
 class PlannedMount:
     """A host source already cloned (``tree_fd``) and where it goes in the container."""
 
@@ -29,7 +29,7 @@ class PlannedMount:
     attrs: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PlannedNode:
     """A device node to create in the container."""
 

@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from nvshim.config import Config, load_config
@@ -19,6 +18,7 @@ from nvshim.errors import NvshimError
 from nvshim.launch import FINISHERS
 from nvshim.launch import STEP_SEPARATOR as SEPARATOR
 from nvshim.log import log_decision
+from nvshim.record import record
 
 TOOL = "nvshim-hook"
 # SEPARATOR goes between the steps of ``finish`` (never a link spec or an absolute folder)
@@ -94,7 +94,7 @@ def parse_finish(words: list[str]) -> list[argparse.Namespace]:
     return steps
 
 
-@dataclass
+@record
 class Context:
     """What the steps share: the configuration and host fds opened before entering."""
 

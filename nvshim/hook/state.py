@@ -7,7 +7,6 @@ NvshimError line naming the input on anything unusable.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from nvshim.errors import NvshimError
@@ -15,11 +14,12 @@ from nvshim.oci.bundle import (
     load_spec,  # noqa: F401 - re-exported for the hook
     read_json_object,
 )
+from nvshim.record import record
 
 MAX_STATE_BYTES = 1 << 20
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class State:
     """The fields of the OCI state the hook uses."""
 

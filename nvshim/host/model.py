@@ -7,15 +7,16 @@ The model round-trips through JSON (``to_dict``/``from_dict``) for the inventory
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from nvshim.record import asdict, field, fields, record
 
 # Driver capabilities (NVIDIA_DRIVER_CAPABILITIES values) in canonical order.
 CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
 DEFAULT_CAPABILITIES = ("utility", "compute")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeInfo:
     """A device node found on the host."""
 
@@ -29,7 +30,7 @@ class NodeInfo:
     gid: int = 0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DriverFile:
     """A driver file to expose: a library, binary, firmware blob, config file or IPC socket.
 
@@ -47,7 +48,7 @@ class DriverFile:
     links: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MigDevice:
     """A MIG device: a compute instance inside a GPU instance of a parent GPU."""
 
@@ -66,7 +67,7 @@ class MigDevice:
         return f"{self.parent_index}:{self.index}"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Gpu:
     """A physical GPU."""
 
@@ -85,7 +86,7 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
 
 
-@dataclass
+@record
 class Host:
     """Everything discovery found on one host."""
 

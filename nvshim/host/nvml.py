@@ -5,9 +5,9 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-from dataclasses import dataclass, field
 
 from nvshim.errors import NvshimError
+from nvshim.record import field, record
 
 ARCHITECTURES = {
     2: "kepler",
@@ -44,7 +44,7 @@ BRANDS = {
 MIB = 1024 * 1024
 
 
-@dataclass
+@record
 class NvmlMig:
     index: int
     gi: int
@@ -54,7 +54,7 @@ class NvmlMig:
     memory_total: int
 
 
-@dataclass
+@record
 class NvmlGpu:
     index: int
     minor: int
@@ -69,7 +69,7 @@ class NvmlGpu:
     migs: list[NvmlMig] = field(default_factory=list)
 
 
-@dataclass
+@record
 class NvmlSnapshot:
     driver_version: str
     cuda_version: str

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from nvshim.record import field, record
 
 
 def parse_proc_devices(text: str) -> dict[str, int]:
@@ -26,7 +26,7 @@ def parse_proc_devices(text: str) -> dict[str, int]:
     return majors
 
 
-@dataclass
+@record
 class MigMinors:
     """Capability minors: ``gi[(gpu, gi)]``, ``ci[(gpu, gi, ci)]``, plus config/monitor."""
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
 
 from nvshim.errors import NvshimError
 from nvshim.host.model import Host
 from nvshim.mps import CONTROL_BINARY, PID_FILE
 from nvshim.mps.sharing import SharedDevice
+from nvshim.record import asdict, record
 
 COMMAND_TIMEOUT = 10.0  # seconds for one client command round
 START_TIMEOUT = 10.0  # seconds for ``-d`` to return and the pid file to name a live daemon
@@ -35,7 +35,7 @@ _MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
 _MNT_DETACH = 0x2
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DaemonDirs:
     """Host directories of one device's daemon."""
 
@@ -49,7 +49,7 @@ class DaemonDirs:
         return os.path.join(self.base, STATE_FILE)
 
 
-@dataclass
+@record
 class DaemonStatus:
     """What ``start``/``stop``/``status`` report for one device."""
 

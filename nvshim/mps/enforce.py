@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import replace
 
 from nvshim.edits import ContainerEdits, Mount
 from nvshim.errors import NvshimError
 from nvshim.mps import CONTAINER_PIPE_DIR, CONTAINER_SHM_DIR, MPS_ENV_PREFIX
 from nvshim.mps.sharing import MIB, SharedDevice, sharing_for
+from nvshim.record import replace
 
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"  # where CUDA looks without CUDA_MPS_PIPE_DIRECTORY
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"

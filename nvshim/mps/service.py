@@ -3,16 +3,15 @@ their table rendering. Each device is handled on its own: one failure does not s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from nvshim.errors import NvshimError, UsageError
 from nvshim.host.model import Host
 from nvshim.mps import daemon
 from nvshim.mps.daemon import DaemonStatus
 from nvshim.mps.sharing import SharedDevice, sharing_for
+from nvshim.record import field, record
 
 
-@dataclass
+@record
 class Outcome:
     """Per-device results, and one line per device that failed."""
 

@@ -19,11 +19,11 @@ NvshimError line naming the file and the key.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from nvshim.errors import NvshimError
 from nvshim.host.model import Gpu, Host, MigDevice
+from nvshim.record import record
 
 MODES = ("mps", "timeSlicing")
 MODE_LABELS = {"mps": "mps", "timeSlicing": "time-slicing"}
@@ -42,7 +42,7 @@ _RESOURCE_KEYS = ("name", "rename", "replicas", "devices")
 Device = Gpu | MigDevice
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Resource:
     """One ``resources`` entry; ``devices`` is ``"all"``, a count, or a tuple of ids."""
 
@@ -52,7 +52,7 @@ class Resource:
     where: str  # the key path, for messages: "sharing.mps.resources[0]"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SharingConfig:
     """A checked sharing config; ``mode`` is None when it shares nothing."""
 
@@ -62,7 +62,7 @@ class SharingConfig:
     resources: tuple[Resource, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SharedDevice:
     """A GPU or MIG device shared ``replicas`` ways under ``mode`` ("mps"/"timeSlicing")."""
 

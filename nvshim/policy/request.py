@@ -7,11 +7,11 @@ Sources, first that yields devices wins: CDI annotations naming our vendor/class
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from nvshim.config import DEFAULTS
 from nvshim.errors import NvshimError
+from nvshim.record import field, record
 
 MAX_VALUE = 64 * 1024  # bytes of one device-list value
 MAX_ID = 128  # characters of one device id
@@ -31,7 +31,7 @@ class RequestError(NvshimError):
     """A device request that is malformed or cannot be met."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceList:
     """A parsed device request: ``kind`` in ``KINDS``; ``ids`` only for ``list``."""
 
@@ -49,7 +49,7 @@ class DeviceList:
         return self.kind in ("none", "all", "list")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ContainerRequest:
     """A GPU container's request. When ``denied`` is set the container gets nothing
     (``devices`` is then ``void``) and the reason, naming what was asked, is for the log."""

@@ -14,10 +14,9 @@ no GPU for them to be false about); ``cuda`` and ``driver`` are still checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from nvshim.errors import NvshimError
 from nvshim.policy.cuda_table import compare_versions, newest_cuda_for_driver, version_tuple
+from nvshim.record import record
 
 PROPERTIES = ("cuda", "driver", "arch", "brand")
 OPERATORS = ("<=", ">=", "!=", "<", ">", "=")  # longest first
@@ -28,7 +27,7 @@ class RequirementError(NvshimError):
     """A requirement that is malformed or not met by this host."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Condition:
     """One ``<property><op><value>`` test."""
 
@@ -59,7 +58,7 @@ class Condition:
         }[self.op]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Requirement:
     """A parsed expression: satisfied when any alternative has all its conditions."""
 

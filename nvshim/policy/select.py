@@ -3,16 +3,16 @@ standalone prestart hook alike, so both enforce the same rules."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from nvshim.config import Config
 from nvshim.edits import ContainerEdits
 from nvshim.host.edits import Device, common_edits, devices_edits
 from nvshim.host.model import Host
+from nvshim.record import field, record
 
 
-@dataclass
+@record
 class Selection:
     """What a container gets: ``edits`` (empty: hand the container on untouched), the
     ``devices`` injected, and ``log`` fields describing the decision."""

@@ -1,0 +1,141 @@
+"""Plain record classes for the per-container path: the subset of ``dataclasses`` nvshim
+uses (fields with defaults or factories, ``frozen``, ``compare=False``, ``replace``,
+``asdict``, ``fields``), without its start-up cost.
+
+``nvshim-runtime`` and ``nvshim-hook`` start a fresh interpreter for every container;
+importing ``dataclasses`` pulls in ``inspect``, ``re`` and ``enum`` (about 9 ms, a third
+of the time budget a GPU container may add). Here ``__init__`` is generated once per
+class, as ``dataclasses`` does, so building a record costs the same.
+"""
+
+from __future__ import annotations
+
+MISSING = object()
+
+
+class FrozenInstanceError(AttributeError):
+    """Assignment to a field of a frozen record."""
+
+
+class Field:
+    """One field of a record: its name, default or factory, and whether ``==`` uses it."""
+
+    __slots__ = ("name", "default", "default_factory", "compare")
+
+    def __init__(self, default=MISSING, default_factory=MISSING, compare: bool = True):
+        self.name = ""
+        self.default = default
+        self.default_factory = default_factory
+        self.compare = compare
+
+    def __repr__(self) -> str:
+        return f"Field({self.name!r})"
+
+
+def field(*, default=MISSING, default_factory=MISSING, compare: bool = True):
+    """A field with a ``default_factory`` (mutable defaults) or excluded from ``==``."""
+    return Field(default, default_factory, compare)
+
+
+def record(cls=None, *, frozen: bool = False):
+    """Class decorator: ``__init__``, ``__repr__``, ``__eq__`` (and ``__hash__`` when
+    ``frozen``) from the class's annotated fields, in order."""
+
+    def wrap(cls):
+        return _build(cls, frozen)
+
+    return wrap if cls is None else wrap(cls)
+
+
+def _build(cls, frozen: bool):
+    specs: list[Field] = []
+    for name in cls.__dict__.get("__annotations__", {}):
+        value = cls.__dict__.get(name, MISSING)
+        spec = value if isinstance(value, Field) else Field(default=value)
+        spec.name = name
+        if isinstance(value, Field):
+            if spec.default is MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, spec.default)
+        if specs and spec.default is MISSING and spec.default_factory is MISSING:
+            last = specs[-1]
+            if last.default is not MISSING or last.default_factory is not MISSING:
+                raise TypeError(f"{cls.__name__}: {name!r} without a default follows defaults")
+        specs.append(spec)
+    namespace: dict = {"MISSING": MISSING}
+    params, body = [], []
+    assign = "object.__setattr__(self, {0!r}, {0})" if frozen else "self.{0} = {0}"
+    for spec in specs:
+        if spec.default_factory is not MISSING:
+            namespace[f"_factory_{spec.name}"] = spec.default_factory
+            params.append(f"{spec.name}=MISSING")
+            body.append(f"  if {spec.name} is MISSING: {spec.name} = _factory_{spec.name}()")
+        elif spec.default is not MISSING:
+            namespace[f"_default_{spec.name}"] = spec.default
+            params.append(f"{spec.name}=_default_{spec.name}")
+        else:
+            params.append(spec.name)
+        body.append("  " + assign.format(spec.name))
+    source = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["  pass"])
+    exec(source, namespace)  # noqa: S102 - generated from the class's own field names
+    cls.__init__ = namespace["__init__"]
+    cls.__init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__record_fields__ = tuple(specs)
+    compared = tuple(s.name for s in specs if s.compare)
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, n) for n in compared)
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return key(self) == key(other)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{s.name}={getattr(self, s.name)!r}" for s in specs)
+        return f"{cls.__qualname__}({inner})"
+
+    cls.__eq__ = __eq__
+    cls.__repr__ = __repr__
+    if frozen:
+        cls.__hash__ = lambda self: hash(key(self))
+        cls.__setattr__ = _refuse_set
+        cls.__delattr__ = _refuse_set
+    else:
+        cls.__hash__ = None
+    return cls
+
+
+def _refuse_set(self, name, *value):
+    raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def fields(obj_or_cls) -> tuple[Field, ...]:
+    """The fields of a record class or instance, in order."""
+    return obj_or_cls.__record_fields__
+
+
+def is_record(obj) -> bool:
+    return hasattr(type(obj), "__record_fields__")
+
+
+def replace(obj, **changes):
+    """A copy of ``obj`` with ``changes`` applied (a new record; ``obj`` is unchanged)."""
+    values = {s.name: getattr(obj, s.name) for s in fields(obj)}
+    unknown = set(changes) - set(values)
+    if unknown:
+        raise TypeError(f"{type(obj).__name__} has no field {sorted(unknown)[0]!r}")
+    values.update(changes)
+    return type(obj)(**values)
+
+
+def asdict(obj):
+    """``obj`` as plain data: records become dicts; lists, tuples and dicts are walked."""
+    if is_record(obj):
+        return {s.name: asdict(getattr(obj, s.name)) for s in fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(asdict(v) for v in obj)
+    if isinstance(obj, dict):
+        return {asdict(k): asdict(v) for k, v in obj.items()}
+    return obj

@@ -2,15 +2,14 @@
 
 Every key is optional; defaults are safe. Unknown keys produce warnings, not failures.
 Only the standard library is used here (``tomllib``) so the runtime and hook can load it
-under ``python -I -S``.
+under ``python -I -S``. The runtime and hook load it for every container, so the parsed
+result is cached (``nvshim.filecache``) keyed by the file's exact text: ``tomllib`` (and
+the ``re`` it needs) is imported only when the file changed.
 """
 
 from __future__ import annotations
 
-import copy
 import os
-import tomllib
-from typing import Any
 
 from nvshim.errors import NvshimError
 from nvshim.record import field, record
@@ -18,7 +17,7 @@ from nvshim.runtime import DEFAULT_RUNTIMES
 
 DEFAULT_PATH = "/etc/nvshim/config.toml"
 
-DEFAULTS: dict[str, dict[str, Any]] = {
+DEFAULTS: dict[str, dict[str, object]] = {
     "host": {
         "driver-root": "/",
         "dev-root": "/",
@@ -49,11 +48,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 class Config:
     """The effective configuration: defaults overlaid with the file's values."""
 
-    values: dict[str, dict[str, Any]]
+    values: dict[str, dict[str, object]]
     path: str | None = None
     warnings: list[str] = field(default_factory=list)
 
-    def get(self, section: str, key: str) -> Any:
+    def get(self, section: str, key: str):
         return self.values[section][key]
 
     @property
@@ -69,6 +68,14 @@ def config_path() -> str:
     return os.environ.get("NVSHIM_CONFIG") or DEFAULT_PATH
 
 
+def default_values() -> dict[str, dict[str, object]]:
+    """A fresh copy of ``DEFAULTS`` (lists copied too)."""
+    return {
+        section: {k: list(v) if isinstance(v, list) else v for k, v in table.items()}
+        for section, table in DEFAULTS.items()
+    }
+
+
 def load_config(path: str | None = None) -> Config:
     """Load the configuration; a missing default file means all defaults.
 
@@ -77,19 +84,45 @@ def load_config(path: str | None = None) -> Config:
     """
     explicit = path is not None or bool(os.environ.get("NVSHIM_CONFIG"))
     path = path or config_path()
-    values = copy.deepcopy(DEFAULTS)
-    warnings: list[str] = []
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            raw = fh.read()
     except FileNotFoundError:
         if explicit:
             raise NvshimError(f"{path}: configuration file not found") from None
-        return Config(values, None, warnings)
-    except tomllib.TOMLDecodeError as err:
-        raise NvshimError(f"{path}: invalid TOML: {err}") from None
+        return Config(default_values(), None, [])
     except OSError as err:
         raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
+    from nvshim import __version__, filecache
+
+    cache = filecache.entry_path("config", path)
+    # what the result depends on: the file's exact text, the code and its defaults
+    key = {
+        "path": path,
+        "text": raw.decode("utf-8", "surrogateescape"),
+        "version": __version__,
+        "defaults": DEFAULTS,
+    }
+    cached = filecache.load(cache, key)
+    if isinstance(cached, dict):
+        return Config(cached["values"], path, cached["warnings"])
+    config = parse_config(raw, path)
+    filecache.store(cache, key, {"values": config.values, "warnings": config.warnings})
+    return config
+
+
+def parse_config(raw: bytes, path: str) -> Config:
+    """The configuration from a TOML file's bytes (``path`` names it in messages)."""
+    import tomllib
+
+    values = default_values()
+    warnings: list[str] = []
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise NvshimError(f"{path}: invalid TOML: not UTF-8") from None
+    except tomllib.TOMLDecodeError as err:
+        raise NvshimError(f"{path}: invalid TOML: {err}") from None
     for section, table in data.items():
         if section not in values:
             warnings.append(f"{path}: unknown section [{section}] ignored")
@@ -121,7 +154,7 @@ def render_config(config: Config) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _toml_value(value: Any) -> str:
+def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):

@@ -1,10 +1,24 @@
-"""Host-side file helpers: atomic writes with fsync and an optional backup."""
+"""Host-side file helpers: atomic writes with fsync and an optional backup.
+
+Standard library only, and nothing heavy at import: the runtime writes ``config.json``
+through here for every GPU container.
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+
+
+def _temp_file(directory: str, name: str) -> tuple[int, str]:
+    """A new file beside the target (``O_EXCL``, mode 0600), as ``(fd, path)``."""
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            return os.open(tmp, flags, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{directory}: no free temporary name for {name}")
 
 
 def atomic_write(
@@ -13,11 +27,14 @@ def atomic_write(
     mode: int | None = None,
     backup: bool = True,
     keep_owner: bool = True,
+    durable: bool = True,
 ) -> str | None:
     """Replace ``path`` with ``data`` atomically (temp file in the same dir, fsync, rename).
 
     The original's mode and owner are kept unless ``mode`` is given. With ``backup``, an
     existing original is copied to ``path + ".nvshim.bak"`` first; its path is returned.
+    ``durable=False`` skips the fsyncs, for files that do not outlive a reboot (a
+    bundle's ``config.json``, caches under ``/run``): the rename is still atomic.
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
     try:
@@ -26,9 +43,11 @@ def atomic_write(
         st = None
     backup_path = None
     if backup and st is not None:
+        import shutil
+
         backup_path = path + ".nvshim.bak"
         shutil.copy2(path, backup_path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    fd, tmp = _temp_file(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -44,7 +63,8 @@ def atomic_write(
                     os.fchown(fh.fileno(), st.st_uid, st.st_gid)
                 except PermissionError:
                     pass
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.rename(tmp, path)
     except BaseException:
         try:
@@ -52,9 +72,10 @@ def atomic_write(
         except FileNotFoundError:
             pass
         raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    if durable:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
     return backup_path

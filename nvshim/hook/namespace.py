@@ -10,12 +10,12 @@ that calls ``setns`` first and sends its JSON result back through a pipe.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from nvshim import fastjson
 from nvshim.errors import NvshimError
 from nvshim.hook import kernel
 
@@ -66,11 +66,11 @@ def in_mount_ns(pid: int, fn: Callable[..., Any], *args: Any) -> Any:
             try:
                 kernel.setns(ns_fd, kernel.CLONE_NEWNS)
                 os.chdir("/")
-                payload = json.dumps({"result": fn(*args)})
+                payload = fastjson.dumps({"result": fn(*args)})
             except NvshimError as err:
-                payload = json.dumps({"error": str(err)})
+                payload = fastjson.dumps({"error": str(err)})
             except BaseException as err:  # noqa: BLE001 - one line for the parent
-                payload = json.dumps({"error": f"{type(err).__name__}: {err}"})
+                payload = fastjson.dumps({"error": f"{type(err).__name__}: {err}"})
             os.write(write_end, payload.encode()[:_MAX_REPLY])
             code = 0
         finally:
@@ -85,7 +85,7 @@ def in_mount_ns(pid: int, fn: Callable[..., Any], *args: Any) -> Any:
         os.close(read_end)
         _, status = os.waitpid(child, 0)
     try:
-        reply = json.loads(b"".join(chunks) or b"null")
+        reply = fastjson.loads(b"".join(chunks) or b"null")
     except ValueError:
         reply = None
     if not isinstance(reply, dict):

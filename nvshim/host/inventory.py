@@ -3,14 +3,14 @@ not once per container. Standard library only on the cache-hit path."""
 
 from __future__ import annotations
 
-import json
 import os
 
+from nvshim import filecache
 from nvshim.host.model import Host
 from nvshim.host.rootpath import host_path
 
 CACHE_NAME = "inventory.json"
-FORMAT = 1
+FORMAT = 2
 
 
 def _stamp(path: str) -> list[int] | None:
@@ -53,26 +53,19 @@ def cache_path(state_dir: str) -> str:
 
 def load_cached(state_dir: str, driver_root: str, dev_root: str) -> Host | None:
     """The cached host if its key still matches, else None."""
+    data = filecache.load(cache_path(state_dir), cache_key(driver_root, dev_root))
+    if not isinstance(data, dict):
+        return None
     try:
-        with open(cache_path(state_dir), encoding="utf-8") as fh:
-            data = json.load(fh)
-        if data.get("key") != cache_key(driver_root, dev_root):
-            return None
-        return Host.from_dict(data["host"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return Host.from_dict(data)
+    except (ValueError, KeyError, TypeError):
         return None
 
 
 def store(state_dir: str, host: Host) -> None:
     """Write the cache atomically; failure to write is not fatal (next call rediscovers)."""
-    from nvshim.fsutil import atomic_write
-
-    data = {"key": cache_key(host.driver_root, host.dev_root), "host": host.to_dict()}
-    try:
-        os.makedirs(state_dir, mode=0o755, exist_ok=True)
-        atomic_write(cache_path(state_dir), json.dumps(data).encode(), mode=0o644, backup=False)
-    except OSError:
-        pass
+    key = cache_key(host.driver_root, host.dev_root)
+    filecache.store(cache_path(state_dir), key, host.to_dict())
 
 
 def load_host(driver_root: str, dev_root: str, state_dir: str, refresh: bool = False) -> Host:

@@ -3,10 +3,10 @@ Standard library only: the runtime and the hook both use it."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
+from nvshim import fastjson
 from nvshim.errors import NvshimError
 
 MAX_SPEC_BYTES = 16 << 20
@@ -19,7 +19,7 @@ def read_json_object(stream, limit: int, what: str) -> dict[str, Any]:
     if len(raw) > limit:
         raise NvshimError(f"{what}: larger than {limit} bytes")
     try:
-        data = json.loads(raw)
+        data = fastjson.loads(raw)
     except ValueError as err:
         raise NvshimError(f"{what}: invalid JSON: {err}") from None
     if not isinstance(data, dict):

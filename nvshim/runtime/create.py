@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 
+from nvshim import fastjson
 from nvshim.config import Config, load_config
 from nvshim.errors import NvshimError
 from nvshim.log import log_decision
@@ -38,7 +38,7 @@ def prepare_bundle(bundle: str, container_id: str) -> Config:
     from nvshim.oci.modify import apply_edits
 
     apply_edits(spec, selection.edits, [d.uuid for d in selection.devices])
-    data = json.dumps(spec, separators=(",", ":")).encode()
+    data = fastjson.dumps(spec).encode()
     atomic_write(os.path.join(bundle, "config.json"), data, backup=False)
     log_decision(log_file, TOOL, container_id, **selection.log)
     return config

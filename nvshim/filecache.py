@@ -1,0 +1,66 @@
+"""Small JSON caches under ``/run/nvshim`` for the per-container path.
+
+A cache entry holds a key (what the value was computed from) and the value; a reader
+gets the value only when the key matches exactly. Entries are trusted only when owned by
+this user and not writable by group or others. Failing to write one is never an error:
+the next reader computes the value again.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim import fastjson
+
+CACHE_DIR = "/run/nvshim"
+MAX_ENTRY = 16 << 20
+
+
+def entry_path(kind: str, name: str, directory: str = CACHE_DIR) -> str:
+    """The cache file for ``name`` (any string, e.g. a config path) of a ``kind``."""
+    import zlib
+
+    return os.path.join(directory, f"{kind}-{zlib.crc32(name.encode()):08x}.json")
+
+
+def read_trusted(path: str, limit: int = MAX_ENTRY) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file owned by us and not group/world
+    writable (no symlink followed), else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_uid != os.geteuid():
+            return None
+        if st.st_mode & 0o022:
+            return None
+        data = fh.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
+def load(path: str, key):
+    """The cached value at ``path`` if its key equals ``key``, else None."""
+    raw = read_trusted(path)
+    if raw is None:
+        return None
+    try:
+        data = fastjson.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    return data.get("value")
+
+
+def store(path: str, key, value) -> None:
+    """Write an entry atomically (mode 0644; not fsynced: ``/run`` does not outlive a boot)."""
+    from nvshim.fsutil import atomic_write
+
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        data = fastjson.dumps({"key": key, "value": value}).encode()
+        atomic_write(path, data, mode=0o644, backup=False, durable=False)
+    except (OSError, TypeError, ValueError):
+        pass

@@ -8,11 +8,9 @@ pointer to the two ways that can (``nvshim-runtime`` or CDI).
 from __future__ import annotations
 
 import os
-import re
 
 from nvshim.errors import NvshimError
 
-_ESCAPE = re.compile(r"\\([0-7]{3})")
 V2_MESSAGE = (
     "cgroup v2: a prestart hook cannot grant device access; run the container through "
     "nvshim-runtime or request the GPUs with CDI"
@@ -38,12 +36,11 @@ def devices_cgroup(pid: int, proc: str = "/proc") -> str | None:
 
 def devices_mount(proc: str = "/proc") -> str:
     """Where the cgroup v1 ``devices`` hierarchy is mounted (from mountinfo)."""
-    with open(f"{proc}/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-        for line in fh:
-            left, _, right = line.partition(" - ")
-            fields, rest = left.split(), right.split()
-            if len(rest) >= 3 and rest[0] == "cgroup" and "devices" in rest[2].split(","):
-                return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+    from nvshim.hook.mountinfo import mounts
+
+    for point, fstype, options in mounts(f"{proc}/self/mountinfo"):
+        if fstype == "cgroup" and "devices" in options:
+            return point
     raise NvshimError(f"{proc}/self/mountinfo: no cgroup v1 devices hierarchy is mounted")
 
 

@@ -15,7 +15,6 @@ import errno
 import fcntl
 import os
 import posixpath
-import re
 import select
 import stat
 import struct
@@ -294,22 +293,15 @@ def _enter_sealed_root(root_path: str, root_id: tuple[int, int]) -> None:
     os.close(fd)
 
 
-_ESCAPE = re.compile(r"\\([0-7]{3})")
-
-
 def _proc_mounts_under(root_path: str) -> list[str]:
     """Mount points of procfs mounts at or below ``root_path`` (from mountinfo)."""
-    found = []
+    from nvshim.hook.mountinfo import mounts
+
     prefix = root_path.rstrip("/") + "/"
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-        for line in fh:
-            left, _, right = line.partition(" - ")
-            fields, rest = left.split(), right.split()
-            if len(fields) < 5 or not rest or rest[0] != "proc":
-                continue
-            point = _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
-            if point == root_path or point.startswith(prefix):
-                found.append(point)
+    found = []
+    for point, fstype, _options in mounts():
+        if fstype == "proc" and (point == root_path or point.startswith(prefix)):
+            found.append(point)
     return found
 
 

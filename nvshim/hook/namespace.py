@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from nvshim import fastjson
 from nvshim.errors import NvshimError
 from nvshim.hook import kernel
+
+TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 _MAX_REPLY = 1 << 20
 

@@ -11,7 +11,6 @@ it set (set to the empty string: edits cannot delete variables) and any MPS moun
 from __future__ import annotations
 
 import os
-import re
 
 from nvshim.edits import ContainerEdits, Mount
 from nvshim.errors import NvshimError
@@ -26,8 +25,6 @@ MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MOUNT_OPTIONS = ("nosuid", "nodev", "noexec", "bind")
 ON_DAEMON_DOWN = ("fail", "warn")
 
-_PERCENT_RE = re.compile(r"^\d{1,3}(\.\d{1,6})?$")
-_SIZE_RE = re.compile(r"^(\d{1,15})([KMGT])B?$", re.IGNORECASE)
 _SIZE_UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
@@ -66,17 +63,27 @@ def requested_replicas(request, devices, host) -> dict[str, int]:
 
 def _stricter_percentage(user: str | None, share: int) -> str | None:
     """The user's thread percentage when it is valid and below ``share``."""
-    if user is None or not _PERCENT_RE.match(user.strip()):
+    whole, dot, fraction = (user or "").strip().partition(".")
+    if not _digits(whole, 3) or (dot and not _digits(fraction, 6)):
         return None
     value = float(user)
     return user.strip() if 0 < value < share else None
 
 
 def _size_bytes(text: str) -> int | None:
-    match = _SIZE_RE.match(text.strip())
-    if not match:
+    """``<digits><K|M|G|T>[B]`` (any case) in bytes; None when it is not that."""
+    text = text.strip().upper()
+    if text[-2:-1] in _SIZE_UNITS and text.endswith("B"):
+        text = text[:-1]
+    digits, unit = text[:-1], text[-1:]
+    if unit not in _SIZE_UNITS or not _digits(digits, 15):
         return None
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    return int(digits) * _SIZE_UNITS[unit]
+
+
+def _digits(text: str, most: int) -> bool:
+    """1 to ``most`` ASCII digits."""
+    return 0 < len(text) <= most and all("0" <= c <= "9" for c in text)
 
 
 def _stricter_memory(user: str | None, uuid: str, share_mib: int) -> str | None:

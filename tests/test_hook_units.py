@@ -13,6 +13,7 @@ import pytest
 
 from nvshim.errors import NvshimError
 from nvshim.hook import cgroup
+from nvshim.hook.args import HelpRequested, parse_args
 from nvshim.hook.fsroot import RootFS
 from nvshim.hook.ldconfig import (
     elf_soname,
@@ -21,7 +22,7 @@ from nvshim.hook.ldconfig import (
     unreachable,
     update_ldcache,
 )
-from nvshim.hook.main import build_parser, finishing_steps
+from nvshim.hook.main import finishing_steps
 from nvshim.hook.params import without_modification
 from nvshim.hook.state import load_spec, read_state, rootfs_path
 from nvshim.launch import hook_entry
@@ -192,10 +193,58 @@ def test_prestart_runs_only_our_finishing_steps():
 
 
 def test_config_option_goes_before_or_after_the_step():
-    parser = build_parser()
-    assert parser.parse_args(["--config", "/c", "prestart"]).config == "/c"
-    assert parser.parse_args(["prestart", "--config", "/c"]).config == "/c"
-    assert parser.parse_args(["prestart"]).config is None
+    assert parse_args(["--config", "/c", "prestart"]).config == "/c"
+    assert parse_args(["prestart", "--config", "/c"]).config == "/c"
+    assert parse_args(["--config=/a", "prestart", "--config=/b"]).config == "/b"
+    assert parse_args(["prestart"]).config is None
+
+
+def test_step_options_repeat_and_take_equals_form():
+    args = parse_args(
+        ["update-ldcache", "--folder", "/a", "--folder=/b", "--ldconfig=/x", "--ldconfig", "/y"]
+    )
+    assert (args.command, args.folder, args.ldconfig) == ("update-ldcache", ["/a", "/b"], "/y")
+    args = parse_args(["create-symlinks", "--link", "t::/l", "--link=u::/m"])
+    assert args.link == ["t::/l", "u::/m"]
+    assert parse_args(["mps-check", "GPU-1"]).uuid == "GPU-1"
+    assert parse_args(["finish", "create-symlinks", "--link", "a::/b", "+", "x"]).steps == [
+        "create-symlinks",
+        "--link",
+        "a::/b",
+        "+",
+        "x",
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "a step is required"),
+        (["no-such-step"], "invalid choice: 'no-such-step'"),
+        (["prestart", "--link", "a::/b"], "unrecognized argument: '--link'"),
+        (["create-symlinks", "--link"], "--link: expected one argument"),
+        (["--config"], "--config: expected one argument"),
+        (["mps-check"], "required: uuid"),
+        (["mps-check", "a", "b"], "unexpected argument 'b'"),
+        (["--bogus", "prestart"], "unrecognized argument: '--bogus'"),
+    ],
+)
+def test_command_line_errors_name_the_problem(argv, message):
+    from nvshim.errors import NvshimError
+
+    with pytest.raises(NvshimError, match=message) as caught:
+        parse_args(argv)
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
+
+
+def test_help_lists_every_step_and_a_steps_options():
+    with pytest.raises(HelpRequested) as whole:
+        parse_args(["--help"])
+    for step in ("create-symlinks", "update-ldcache", "prestart", "mps-check", "finish"):
+        assert step in whole.value.text
+    with pytest.raises(HelpRequested) as one:
+        parse_args(["update-ldcache", "-h"])
+    assert "--folder DIR" in one.value.text and "--ldconfig FILE" in one.value.text
 
 
 def test_prestart_refuses_mps_env_it_cannot_set():

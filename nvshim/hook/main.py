@@ -7,14 +7,13 @@ go to stderr and give a non-zero exit status.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from nvshim.config import Config, load_config
 from nvshim.errors import NvshimError
+from nvshim.hook.args import HelpRequested, HookArgs, parse_args, parse_finish, parse_step
 from nvshim.launch import FINISHERS
-from nvshim.launch import STEP_SEPARATOR as SEPARATOR
 from nvshim.log import log_decision
 from nvshim.record import record
 
@@ -24,77 +23,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 TOOL = "nvshim-hook"
-# SEPARATOR goes between the steps of ``finish`` (never a link spec or an absolute folder)
 # Variables that must never reach a root hook (a hook entry without an explicit env):
 # logged so the misconfiguration is visible.
 RISKY_ENV = ("LD_", "PYTHON")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage dump, no SystemExit(2) mid-hook
-        raise NvshimError(f"{self.prog}: {message}", exit_code=2)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line: one subcommand per hook job."""
-    common = _Parser(add_help=False)
-    common.add_argument("--config", default=argparse.SUPPRESS, help="nvshim config.toml")
-    parser = _Parser(
-        prog=TOOL,
-        description="OCI hook for GPU containers; reads the OCI state JSON on stdin.",
-    )
-    parser.add_argument(
-        "--config", help="nvshim config.toml (default: $NVSHIM_CONFIG or /etc/nvshim/config.toml)"
-    )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = sub.add_parser(
-        "create-symlinks", parents=[common], help="create symlinks in the container root"
-    )
-    p.add_argument("--link", action="append", default=[], metavar="TARGET::LINK")
-    p = sub.add_parser(
-        "update-ldcache", parents=[common], help="make library folders visible to ld.so"
-    )
-    p.add_argument("--folder", action="append", default=[], metavar="DIR")
-    p.add_argument("--ldconfig", help="the host's static ldconfig (default: /sbin/ldconfig)")
-    sub.add_parser(
-        "disable-device-node-modification",
-        parents=[common],
-        help="mount a copy of /proc/driver/nvidia/params with ModifyDeviceFiles: 0",
-    )
-    sub.add_parser(
-        "prestart", parents=[common], help="standalone mode: apply a GPU request's edits"
-    )
-    p = sub.add_parser(
-        "mps-check",
-        parents=[common],
-        help="refuse the container when the MPS daemon of a shared device is down (CDI specs)",
-    )
-    p.add_argument("uuid", help="the MPS-shared GPU or MIG device")
-    p = sub.add_parser(
-        "finish",
-        parents=[common],
-        help=f"run several finishing steps in one process: STEP ARGS [{SEPARATOR} STEP ARGS]...",
-    )
-    p.add_argument("steps", nargs=argparse.REMAINDER, metavar="STEP")
-    return parser
-
-
-def parse_finish(words: list[str]) -> list[argparse.Namespace]:
-    """The finishing steps of a ``finish`` command line (``SEPARATOR`` between steps)."""
-    parser = build_parser()
-    steps: list[argparse.Namespace] = []
-    current: list[str] = []
-    for word in [*words, SEPARATOR]:
-        if word != SEPARATOR:
-            current.append(word)
-            continue
-        if not current:
-            continue
-        if current[0] not in FINISHERS:
-            raise NvshimError(f"finish: {current[0]!r} is not a finishing step", exit_code=2)
-        steps.append(parser.parse_args(current))
-        current = []
-    return steps
 
 
 @record
@@ -128,7 +59,7 @@ def _step_params(root, args, ctx: Context) -> dict:
     )
 
 
-STEPS: dict[str, Callable[[Any, argparse.Namespace, Context], dict]] = {
+STEPS: dict[str, Callable[[Any, HookArgs, Context], dict]] = {
     "create-symlinks": _step_symlinks,
     "update-ldcache": _step_ldcache,
     "disable-device-node-modification": _step_params,
@@ -138,7 +69,7 @@ STEPS: dict[str, Callable[[Any, argparse.Namespace, Context], dict]] = {
 def run_steps(
     pid: int,
     rootfs: str,
-    steps: list[argparse.Namespace],
+    steps: list[HookArgs],
     ctx: Context,
     before: Callable[[Any], dict] | None = None,
 ) -> dict:
@@ -175,15 +106,14 @@ def _container_root(state) -> str:
     return rootfs_path(load_spec(state.bundle), state.bundle)
 
 
-def finishing_steps(hooks) -> tuple[list[argparse.Namespace], list[str]]:
+def finishing_steps(hooks) -> tuple[list[HookArgs], list[str]]:
     """The ``nvshim-hook <finisher> ...`` entries of ``hooks`` parsed for in-process runs,
     and a description of the entries that are not ours (not run)."""
-    parser = build_parser()
     steps, others = [], []
     for hook in hooks:
         args = list(hook.args)
         if len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] in FINISHERS:
-            steps.append(parser.parse_args(args[1:]))
+            steps.append(parse_step(args[1:]))
         elif len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] == "finish":
             steps.extend(parse_finish(args[2:]))
         else:
@@ -262,7 +192,7 @@ def apply_edits(state, rootfs: str, edits, ctx: Context) -> dict:
     return fields
 
 
-def _run(args: argparse.Namespace, state, ctx: Context) -> dict | None:
+def _run(args: HookArgs, state, ctx: Context) -> dict | None:
     if args.command == "prestart":
         return prestart(state, ctx)
     if args.command == "mps-check":
@@ -278,12 +208,13 @@ def _run(args: argparse.Namespace, state, ctx: Context) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nvshim-hook`` launcher; returns the exit status."""
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except HelpRequested as shown:
+        sys.stdout.write(shown.text)
+        return 0
     except NvshimError as err:
         print(f"{TOOL}: error: {err}", file=sys.stderr)
         return err.exit_code
-    except SystemExit as done:  # --help
-        return done.code if isinstance(done.code, int) else 0
     try:
         config = load_config(args.config)
     except NvshimError as err:

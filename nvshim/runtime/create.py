@@ -39,6 +39,6 @@ def prepare_bundle(bundle: str, container_id: str) -> Config:
 
     apply_edits(spec, selection.edits, [d.uuid for d in selection.devices])
     data = fastjson.dumps(spec).encode()
-    atomic_write(os.path.join(bundle, "config.json"), data, backup=False)
+    atomic_write(os.path.join(bundle, "config.json"), data, backup=False, durable=False)
     log_decision(log_file, TOOL, container_id, **selection.log)
     return config

@@ -1,0 +1,185 @@
+"""``nvshim-hook``'s command line, parsed by hand: ``argparse`` pulls in ``re``,
+``gettext`` and ``shutil`` (about 5 ms), and the hook starts once per GPU container.
+
+Grammar: ``nvshim-hook [--config FILE] STEP [OPTIONS]``; options take ``--name VALUE``
+or ``--name=VALUE``; ``--config`` may also follow the step. ``finish`` takes the rest of
+the line as ``STEP ARGS [+ STEP ARGS]...``. Errors raise NvshimError (exit status 2).
+"""
+
+from __future__ import annotations
+
+from nvshim.errors import NvshimError
+from nvshim.launch import FINISHERS, STEP_SEPARATOR
+
+TOOL = "nvshim-hook"
+
+# step -> (help, {option: (kind, metavar, help)}, positional names)
+# kind "list": repeatable, collected in order; "one": a single value (last one wins)
+STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] = {
+    "create-symlinks": (
+        "create symlinks in the container root",
+        {"--link": ("list", "TARGET::LINK", "a symlink LINK pointing at TARGET")},
+        (),
+    ),
+    "update-ldcache": (
+        "make library folders visible to ld.so",
+        {
+            "--folder": ("list", "DIR", "a container folder with injected libraries"),
+            "--ldconfig": ("one", "FILE", "the host's static ldconfig (default: /sbin/ldconfig)"),
+        },
+        (),
+    ),
+    "disable-device-node-modification": (
+        "mount a copy of /proc/driver/nvidia/params with ModifyDeviceFiles: 0",
+        {},
+        (),
+    ),
+    "prestart": ("standalone mode: apply a GPU request's edits", {}, ()),
+    "mps-check": (
+        "refuse the container when the MPS daemon of a shared device is down (CDI specs)",
+        {},
+        ("uuid",),
+    ),
+    "finish": (
+        f"run several finishing steps in one process: STEP ARGS [{STEP_SEPARATOR} STEP ARGS]...",
+        {},
+        (),
+    ),
+}
+CONFIG_HELP = "nvshim config.toml (default: $NVSHIM_CONFIG or /etc/nvshim/config.toml)"
+
+
+class HookArgs:
+    """A parsed command line: ``command``, ``config`` and the step's options."""
+
+    def __init__(self, command: str, config: str | None = None) -> None:
+        self.command = command
+        self.config = config
+        self.link: list[str] = []
+        self.folder: list[str] = []
+        self.ldconfig: str | None = None
+        self.uuid: str | None = None
+        self.steps: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"HookArgs({self.command!r}, config={self.config!r})"
+
+
+class HelpRequested(Exception):
+    """``--help``: print ``text`` and exit 0."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def _usage_error(message: str) -> NvshimError:
+    return NvshimError(f"{TOOL}: {message}", exit_code=2)
+
+
+def parse_args(argv: list[str]) -> HookArgs:
+    """Parse a full command line (without the program name)."""
+    config = None
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        name, value, i = _option(argv, i, "--config")
+        if name in ("-h", "--help"):
+            raise HelpRequested(help_text())
+        config = value
+    if i >= len(argv):
+        raise _usage_error("a step is required: " + ", ".join(STEPS))
+    args = parse_step(argv[i:])
+    if args.config is None:
+        args.config = config
+    return args
+
+
+def parse_step(words: list[str]) -> HookArgs:
+    """Parse ``STEP [OPTIONS]`` (one step of the command line or of ``finish``)."""
+    command, rest = words[0], words[1:]
+    if command not in STEPS:
+        choices = ", ".join(repr(s) for s in STEPS)
+        raise _usage_error(f"invalid choice: {command!r} (choose from {choices})")
+    _, options, positional = STEPS[command]
+    args = HookArgs(command)
+    if command == "finish":
+        if rest[:1] in (["-h"], ["--help"]):
+            raise HelpRequested(help_text(command))
+        args.steps = list(rest)
+        return args
+    wanted = list(positional)
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if not word.startswith("-") or word == "-":
+            if not wanted:
+                raise _usage_error(f"{command}: unexpected argument {word!r}")
+            setattr(args, wanted.pop(0), word)
+            i += 1
+            continue
+        name, value, i = _option(rest, i, "--config", *options)
+        if name in ("-h", "--help"):
+            raise HelpRequested(help_text(command))
+        if name == "--config":
+            args.config = value
+        elif options[name][0] == "list":
+            getattr(args, name[2:]).append(value)
+        else:
+            setattr(args, name[2:], value)
+    if wanted:
+        raise _usage_error(f"{command}: the following arguments are required: {wanted[0]}")
+    return args
+
+
+def _option(words: list[str], i: int, *known: str) -> tuple[str, str | None, int]:
+    """The option at ``words[i]``: (name, value, index after it). ``-h``/``--help`` have
+    no value; the others in ``known`` need one."""
+    name, eq, value = words[i].partition("=")
+    if name in ("-h", "--help") and not eq:
+        return name, None, i + 1
+    if name not in known:
+        raise _usage_error(f"unrecognized argument: {words[i]!r}")
+    if eq:
+        return name, value, i + 1
+    if i + 1 >= len(words):
+        raise _usage_error(f"{name}: expected one argument")
+    return name, words[i + 1], i + 2
+
+
+def parse_finish(words: list[str]) -> list[HookArgs]:
+    """The finishing steps of a ``finish`` command line (``STEP_SEPARATOR`` between)."""
+    steps: list[HookArgs] = []
+    current: list[str] = []
+    for word in [*words, STEP_SEPARATOR]:
+        if word != STEP_SEPARATOR:
+            current.append(word)
+            continue
+        if not current:
+            continue
+        if current[0] not in FINISHERS:
+            raise NvshimError(f"finish: {current[0]!r} is not a finishing step", exit_code=2)
+        steps.append(parse_step(current))
+        current = []
+    return steps
+
+
+def help_text(step: str | None = None) -> str:
+    """``--help`` output for the tool or one step."""
+    if step is not None:
+        summary, options, positional = STEPS[step]
+        words = [f"[{name} {meta}]" for name, (_, meta, _) in options.items()]
+        words += [p.upper() for p in positional]
+        lines = [f"usage: {TOOL} {step} [--config FILE] {' '.join(words)}".rstrip()]
+        lines += ["", summary, "", "options:", f"  {'--config FILE':<17} {CONFIG_HELP}"]
+        lines += [f"  {name + ' ' + meta:<17} {text}" for name, (_, meta, text) in options.items()]
+        return "\n".join(lines) + "\n"
+    lines = [
+        f"usage: {TOOL} [--config FILE] STEP [OPTIONS]",
+        "",
+        "OCI hook for GPU containers; reads the OCI state JSON on stdin.",
+        "",
+        "steps:",
+    ]
+    lines += [f"  {name:<34} {summary}" for name, (summary, _, _) in STEPS.items()]
+    lines += ["", "options:", f"  --config FILE    {CONFIG_HELP}", "  -h, --help       this help"]
+    return "\n".join(lines) + "\n"

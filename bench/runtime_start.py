@@ -28,12 +28,32 @@ from tests.sim.simhost import build_host  # noqa: E402
 from tests.sim.topology import generate_topology  # noqa: E402
 
 
+def _start_once(work_root, golden, binary, request, env, name) -> float:
+    """Wall time of one ``<binary> run`` of a fresh busybox bundle (then removed)."""
+    work = os.path.join(work_root, f"run-{name}")
+    rootfs = os.path.join(work, "rootfs")
+    shutil.copytree(golden, rootfs, symlinks=True)
+    extra = {"NVIDIA_VISIBLE_DEVICES": request} if request else {}
+    bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra)
+    command = [binary, "--root", os.path.join(work, "state"), "run", "--bundle", bundle, name]
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{binary} ({name}): {proc.stderr.strip()}")
+    shutil.rmtree(work)
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=15)
     opts = parser.parse_args()
     runc = shutil.which("runc")
-    with tempfile.TemporaryDirectory() as tmp:
+    # bundles on tmpfs, as containerd keeps them (/run/containerd/...)
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(dir=shm) as tmp:
+        work_root = os.path.join(tmp, "runs")
         sim = build_host(generate_topology(8, False), os.path.join(tmp, "host"))
         bin_dir = os.path.join(tmp, "bin")
         write_launchers(bin_dir)
@@ -65,36 +85,14 @@ def main() -> None:
             env={**env, "PYTHONPATH": REPO},
             check=True,
         )
-        results = {}
-        for label, binary, request in cases:
-            samples = []
-            for i in range(opts.runs + 1):
-                work = os.path.join(tmp, f"run-{len(results)}-{i}")
-                rootfs = os.path.join(work, "rootfs")
-                shutil.copytree(golden, rootfs, symlinks=True)
-                extra = {"NVIDIA_VISIBLE_DEVICES": request} if request else {}
-                bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra)
-                start = time.perf_counter()
-                proc = subprocess.run(
-                    [
-                        binary,
-                        "--root",
-                        os.path.join(work, "state"),
-                        "run",
-                        "--bundle",
-                        bundle,
-                        f"bench-{len(results)}-{i}",
-                    ],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                )
-                elapsed = time.perf_counter() - start
-                if proc.returncode != 0:
-                    raise SystemExit(f"{label}: {proc.stderr.strip()}")
-                if i:  # the first run is a warm-up
-                    samples.append(elapsed)
-            results[label] = statistics.median(samples)
+        samples: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+        # cases interleaved, so drift on the machine hits every case alike
+        for i in range(opts.runs + 1):
+            for n, (label, binary, request) in enumerate(cases):
+                elapsed = _start_once(work_root, golden, binary, request, env, f"{n}-{i}")
+                if i:  # the first round is a warm-up
+                    samples[label].append(elapsed)
+        results = {label: statistics.median(values) for label, values in samples.items()}
         base = results["bare runc"]
         print(f"container start (runc run of busybox /bin/true), median of {opts.runs}:")
         for label, value in results.items():

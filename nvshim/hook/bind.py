@@ -6,10 +6,8 @@ under it. Needs Linux 5.12+.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-from collections.abc import Iterator
 
 from nvshim.errors import NvshimError
 from nvshim.hook import kernel
@@ -53,53 +51,66 @@ def attach(tree_fd: int, target_fd: int, attrs: int, shown: str) -> None:
         raise NvshimError(f"{shown}: cannot mount: {os.strerror(err.errno)}") from None
 
 
-@contextlib.contextmanager
-def private_file_tree(data: bytes, state_dir: str, name: str) -> Iterator[int]:
+class private_file_tree:  # noqa: N801 - used as ``with private_file_tree(...) as fd``
     """A detached bind mount (fd) of a new read-only file holding ``data`` that no path
     on the host leads to once the block ends.
 
     The file lives on a private detached tmpfs; on kernels that cannot clone from a
     detached mount it is written under ``state_dir`` and unlinked when the block ends
     (after the caller attached the clone: an unlinked source cannot be attached).
+    A class rather than ``contextlib``: the hook avoids that import per container.
     """
-    global _clone_detached_works
-    flags = kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC
-    if _clone_detached_works:
-        tmpfs = kernel.private_tmpfs()
+
+    def __init__(self, data: bytes, state_dir: str, name: str) -> None:
+        self._data, self._state_dir, self._name = data, state_dir, name
+        self._fds: list[int] = []  # closed last first
+        self._unlink: tuple[int, str] | None = None
+
+    def __enter__(self) -> int:
         try:
-            _write_new(tmpfs, "file", data)
-            tree = kernel.open_tree(tmpfs, "file", flags)
-        except OSError as err:
-            if err.errno != errno.EINVAL:
-                raise
-            _clone_detached_works = False
-        else:
+            return self._open()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def _open(self) -> int:
+        global _clone_detached_works
+        flags = kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC
+        if _clone_detached_works:
+            tmpfs = kernel.private_tmpfs()
+            self._fds.append(tmpfs)
             try:
-                yield tree
-            finally:
-                os.close(tree)
-            return
-        finally:
-            os.close(tmpfs)
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    dir_fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    tmp = f".{name}.{os.getpid()}"
-    try:
+                _write_new(tmpfs, "file", self._data)
+                self._fds.append(kernel.open_tree(tmpfs, "file", flags))
+                return self._fds[-1]
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise
+                _clone_detached_works = False
+        os.makedirs(self._state_dir, mode=0o700, exist_ok=True)
+        flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        dir_fd = os.open(self._state_dir, flags_dir)
+        self._fds.append(dir_fd)
+        tmp = f".{self._name}.{os.getpid()}"
         try:
             os.unlink(tmp, dir_fd=dir_fd)  # left by an earlier crash of a same-pid process
         except FileNotFoundError:
             pass
-        _write_new(dir_fd, tmp, data)
-        try:
-            tree = kernel.open_tree(dir_fd, tmp, flags)
-            try:
-                yield tree
-            finally:
-                os.close(tree)
-        finally:
-            os.unlink(tmp, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
+        self._unlink = (dir_fd, tmp)
+        _write_new(dir_fd, tmp, self._data)
+        self._fds.append(kernel.open_tree(dir_fd, tmp, flags))
+        return self._fds[-1]
+
+    def __exit__(self, *exc) -> None:
+        while self._fds:
+            fd = self._fds.pop()
+            if self._unlink is not None and fd == self._unlink[0]:
+                try:
+                    os.unlink(self._unlink[1], dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+                self._unlink = None
+            os.close(fd)
 
 
 def _write_new(dir_fd: int, name: str, data: bytes) -> None:

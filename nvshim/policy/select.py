@@ -3,15 +3,16 @@ standalone prestart hook alike, so both enforce the same rules."""
 
 from __future__ import annotations
 
-from nvshim.config import Config
 from nvshim.edits import ContainerEdits
-from nvshim.host.edits import Device, common_edits, devices_edits
-from nvshim.host.model import Host
 from nvshim.record import field, record
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:
     from typing import Any
+
+    from nvshim.config import Config
+    from nvshim.host.edits import Device
+    from nvshim.host.model import Host
 
 
 @record
@@ -30,6 +31,7 @@ def select(request, host: Host | None, config: Config) -> Selection:
     ``host`` None: the cached inventory, loaded only when the request is honoured.
     Raises NvshimError (RequestError/RequirementError) when the request cannot be met.
     """
+    from nvshim.host.edits import common_edits, devices_edits
     from nvshim.policy.require import check_requirements
     from nvshim.policy.resolve import requirement_facts, resolve_devices
     from nvshim.policy.visible import cuda_visible_devices

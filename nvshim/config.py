@@ -95,7 +95,7 @@ def load_config(path: str | None = None) -> Config:
         raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
     from nvshim import __version__, filecache
 
-    cache = filecache.entry_path("config", path)
+    cache = filecache.entry_path("config")
     # what the result depends on: the file's exact text, the code and its defaults
     key = {
         "path": path,

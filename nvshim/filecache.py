@@ -16,11 +16,10 @@ CACHE_DIR = "/run/nvshim"
 MAX_ENTRY = 16 << 20
 
 
-def entry_path(kind: str, name: str, directory: str = CACHE_DIR) -> str:
-    """The cache file for ``name`` (any string, e.g. a config path) of a ``kind``."""
-    import zlib
-
-    return os.path.join(directory, f"{kind}-{zlib.crc32(name.encode()):08x}.json")
+def entry_path(kind: str, directory: str = CACHE_DIR) -> str:
+    """The cache file of a ``kind``: one entry per kind (a node runs one configuration;
+    any other just replaces it), so the directory never grows."""
+    return os.path.join(directory, f"{kind}-cache.json")
 
 
 def read_trusted(path: str, limit: int = MAX_ENTRY) -> bytes | None:

@@ -61,10 +61,19 @@ def _is_static_elf(path: str) -> bool:
     return True
 
 
-def make_busybox_rootfs(dest: str | os.PathLike) -> str:
+# The host's glibc dynamic loader and where glibc programs look for it (PT_INTERP).
+GLIBC_LOADERS = {
+    "x86_64": "/lib64/ld-linux-x86-64.so.2",
+    "aarch64": "/lib/ld-linux-aarch64.so.1",
+}
+
+
+def make_busybox_rootfs(dest: str | os.PathLike, glibc_loader: bool = True) -> str:
     """Create a minimal rootfs at ``dest``: static busybox, applet links, /etc/passwd, /etc/group.
 
-    Applets: ``BUSYBOX_APPLETS``. Returns ``dest`` as a string.
+    Applets: ``BUSYBOX_APPLETS``. With ``glibc_loader`` (as in ``busybox:glibc`` and every
+    CUDA image) a copy of the host's glibc dynamic loader sits at its standard path, so
+    the image counts as one that reads an ld.so cache. Returns ``dest`` as a string.
     """
     dest = os.fspath(dest)
     busybox = shutil.which("busybox") or "/bin/busybox"
@@ -85,6 +94,12 @@ def make_busybox_rootfs(dest: str | os.PathLike) -> str:
         fh.write("root:x:0:0:root:/root:/bin/sh\n")
     with open(os.path.join(dest, "etc", "group"), "w") as fh:
         fh.write("root:x:0:\n")
+    if glibc_loader:
+        loader = GLIBC_LOADERS[os.uname().machine]
+        target = os.path.join(dest, loader.lstrip("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.realpath(loader), target)
+        os.chmod(target, 0o755)
     return dest
 
 

@@ -17,6 +17,7 @@ from nvshim.hook.args import HelpRequested, parse_args
 from nvshim.hook.fsroot import RootFS
 from nvshim.hook.ldconfig import (
     elf_soname,
+    has_glibc_loader,
     is_static_elf,
     open_host_ldconfig,
     unreachable,
@@ -146,6 +147,38 @@ def test_elf_inspection(tmp_path):
         open_host_ldconfig(str(tmp_path / "missing"))
 
 
+def test_glibc_loader_is_looked_up_inside_the_root(tmp_path):
+    """Only an image with a glibc loader reads an ld.so cache. Links to the loader are
+    followed inside the root; one that only leads to the host's loader does not count."""
+    root = tmp_path / "rootfs"
+    (root / "usr/lib64").mkdir(parents=True)
+    with RootFS(str(root)) as fs:
+        assert not has_glibc_loader(fs)
+    host_loader = os.path.realpath("/lib64/ld-linux-x86-64.so.2")
+    (root / "lib64").symlink_to(os.path.dirname(host_loader))  # absolute: the host's dir
+    with RootFS(str(root)) as fs:
+        assert not has_glibc_loader(fs)
+    (root / "lib64").unlink()
+    (root / "lib64").symlink_to("/usr/lib64")  # merged-/usr style, inside the root
+    (root / "usr/lib64/ld-linux-x86-64.so.2").write_bytes(b"\x7fELF")
+    with RootFS(str(root)) as fs:
+        assert has_glibc_loader(fs)
+
+
+def test_no_glibc_loader_no_ldconfig(tmp_path):
+    """A static or musl image never reads ld.so.cache: nothing is written or run."""
+    root = tmp_path / "rootfs"
+    build_stub_library(root / "usr/lib/x86_64-linux-gnu/libcuda.so.550.90.12", "libcuda.so.1")
+    (root / "etc").mkdir()
+
+    def work():
+        with RootFS(str(root)) as fs:
+            return update_ldcache(fs, ["/usr/lib/x86_64-linux-gnu"], -1)["ldcache"]
+
+    assert in_private_mount_ns(work).get("ok") == "skipped-no-glibc-loader"
+    assert os.listdir(root / "etc") == []
+
+
 def test_reachability_counts_only_libraries_with_a_soname(tmp_path):
     """After one ldconfig run everything is reachable; a library without a SONAME (never
     cached by ldconfig) does not force another run, a new library with one does."""
@@ -153,6 +186,8 @@ def test_reachability_counts_only_libraries_with_a_soname(tmp_path):
     lib = root / "usr/lib/x86_64-linux-gnu"
     build_stub_library(lib / "libcuda.so.550.90.12", "libcuda.so.1")
     (root / "etc").mkdir()
+    (root / "lib64").mkdir()
+    (root / "lib64/ld-linux-x86-64.so.2").write_bytes(b"\x7fELF loader")
     folder = "/usr/lib/x86_64-linux-gnu"
 
     def work():

@@ -1,7 +1,9 @@
 """``update-ldcache``: make injected library folders visible to the container's linker.
 
-If every library in the folders already resolves through the container's
-``/etc/ld.so.cache`` (parsed here, fd-based) nothing runs. Otherwise the folders are
+An image without a glibc dynamic loader (static or musl programs only) never reads an
+ld.so cache, and if every library in the folders already resolves through the
+container's ``/etc/ld.so.cache`` (parsed here, fd-based), nothing runs. Otherwise the
+folders are
 listed in ``/etc/ld.so.conf.d/00-nvshim.conf`` and the *host's* statically linked
 ldconfig, opened as an fd before anything else, runs in a child that makes its own
 private mount namespace, detaches every procfs mount under the root (no magic link such
@@ -32,6 +34,14 @@ CONF_FILE = "/etc/ld.so.conf.d/00-nvshim.conf"
 MAX_CACHE_BYTES = 64 << 20
 LDCONFIG_ENV = {"LC_ALL": "C"}
 LDCONFIG_TIMEOUT = 60.0
+# The PT_INTERP of glibc programs on each architecture: the only readers of ld.so.cache.
+GLIBC_LOADERS = (
+    "/lib64/ld-linux-x86-64.so.2",  # x86_64
+    "/lib/ld-linux-aarch64.so.1",  # aarch64
+    "/lib64/ld64.so.2",  # ppc64le
+    "/lib/ld-linux.so.2",  # i386 (compat32)
+    "/lib/ld-linux-armhf.so.3",  # armhf
+)
 PT_INTERP = 3
 PT_DYNAMIC = 2
 PT_LOAD = 1
@@ -204,18 +214,39 @@ def _soname_at(dfd: int, name: str) -> str | None:
         os.close(fd)
 
 
+def has_glibc_loader(root: RootFS) -> bool:
+    """True when the image holds a glibc dynamic loader (a regular file, found within
+    the root), i.e. something in it can read an ld.so cache."""
+    for path in GLIBC_LOADERS:
+        try:
+            fd = root.open(path, os.O_PATH)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return True
+        finally:
+            os.close(fd)
+    return False
+
+
 def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[str, object]:
-    """Skip when already reachable, else write the conf file and run the host ldconfig.
+    """Skip when nothing in the image reads an ld.so cache or every library is already
+    reachable through it; else write the conf file and run the host ldconfig.
 
     Returns log fields including the time the check and ldconfig took (ms).
     """
     folders = folder_paths(folders)
     started = time.perf_counter()
-    missing = unreachable(root, folders)
+    loader = has_glibc_loader(root)
+    missing = unreachable(root, folders) if loader else []
     fields: dict[str, object] = {
         "folders": ",".join(folders),
         "check_ms": round((time.perf_counter() - started) * 1000, 2),
     }
+    if not loader:
+        fields["ldcache"] = "skipped-no-glibc-loader"
+        return fields
     if not missing:
         fields["ldcache"] = "skipped-reachable"
         return fields

@@ -2,12 +2,13 @@
 low-level runtime unchanged; those two first edit the bundle's ``config.json``.
 
 Imports stay minimal on the pass-through path (it runs for every runc call an engine
-makes): only ``os`` and ``sys`` until a create is seen.
+makes): built-in modules only (``posix``, ``sys``) and the runtime from a cache
+(``nvshim.runtime.passthrough``) until a create is seen.
 """
 
 from __future__ import annotations
 
-import os
+import posix
 import sys
 
 TOOL = "nvshim-runtime"
@@ -40,19 +41,35 @@ def main(argv: list[str] | None = None) -> int:
         from nvshim.runtime.args import parse_runc_args
 
         args = parse_runc_args(argv)
-        config = None
         if args.command in ("create", "run"):
             from nvshim.runtime.create import prepare_bundle
+            from nvshim.runtime.lowlevel import resolve
 
-            config = prepare_bundle(args.bundle or os.getcwd(), args.container_id or "")
-        from nvshim.runtime.lowlevel import resolve
-
-        runtime = resolve(config)
+            config = prepare_bundle(args.bundle or posix.getcwd(), args.container_id or "")
+            runtime = resolve(config)
+        else:
+            runtime = _passthrough_runtime()
     except Exception as err:  # noqa: BLE001 - every failure must be one line, never a traceback
         from nvshim.errors import NvshimError
 
         message = str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
         _report(args, message)
         return 1
-    os.execv(runtime, [runtime, *argv])
+    posix.execv(runtime, [runtime, *argv])
     return 127  # not reached
+
+
+def _passthrough_runtime() -> str:
+    """The low-level runtime for a call nvshim does not edit: cached, else resolved from
+    the configuration and remembered (when the file did not change meanwhile)."""
+    from nvshim.runtime.passthrough import cached_runtime, config_file, entry_key, remember
+
+    path = config_file()
+    runtime, key = cached_runtime(path)
+    if runtime is None:
+        from nvshim.runtime.lowlevel import resolve
+
+        runtime = resolve(None)
+        if entry_key(path) == key:
+            remember(path, key, runtime)
+    return runtime

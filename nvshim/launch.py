@@ -12,6 +12,7 @@ import os
 import sys
 
 from nvshim.edits import Hook
+from nvshim.hook import FINISHERS, STEP_SEPARATOR
 
 # The whole environment hook processes get: nothing from the container.
 HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8")
@@ -90,10 +91,6 @@ def hook_entry(hook_path: str, hook_name: str, *args: str) -> Hook:
     if os.environ.get("NVSHIM_CONFIG"):
         env = (*HOOK_ENV, f"NVSHIM_CONFIG={os.environ['NVSHIM_CONFIG']}")
     return Hook(hook_name=hook_name, path=hook_path, args=("nvshim-hook", *args), env=env)
-
-
-FINISHERS = ("create-symlinks", "update-ldcache", "disable-device-node-modification")
-STEP_SEPARATOR = "+"
 
 
 def fold_finishers(hooks: list[Hook]) -> list[Hook]:

@@ -9,7 +9,7 @@ the line as ``STEP ARGS [+ STEP ARGS]...``. Errors raise NvshimError (exit statu
 from __future__ import annotations
 
 from nvshim.errors import NvshimError
-from nvshim.launch import FINISHERS, STEP_SEPARATOR
+from nvshim.hook import FINISHERS, STEP_SEPARATOR
 
 TOOL = "nvshim-hook"
 

@@ -12,8 +12,8 @@ import sys
 
 from nvshim.config import Config, load_config
 from nvshim.errors import NvshimError
+from nvshim.hook import FINISHERS
 from nvshim.hook.args import HelpRequested, HookArgs, parse_args, parse_finish, parse_step
-from nvshim.launch import FINISHERS
 from nvshim.log import log_decision
 from nvshim.record import record
 

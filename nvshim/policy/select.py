@@ -3,7 +3,6 @@ standalone prestart hook alike, so both enforce the same rules."""
 
 from __future__ import annotations
 
-from nvshim.edits import ContainerEdits
 from nvshim.record import field, record
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
@@ -11,6 +10,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from nvshim.config import Config
+    from nvshim.edits import ContainerEdits
     from nvshim.host.edits import Device
     from nvshim.host.model import Host
 
@@ -41,6 +41,8 @@ def select(request, host: Host | None, config: Config) -> Selection:
         log["warnings"] = "; ".join(request.warnings)
     if request.denied:
         log["denied"] = request.denied
+        from nvshim.edits import ContainerEdits
+
         return Selection(ContainerEdits(), [], log)
     host = host or load_host_for(config)
     devices = resolve_devices(host, request.devices)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from nvshim import fastjson
+from nvshim.trusted import read_trusted
 
 CACHE_DIR = "/run/nvshim"
 MAX_ENTRY = 16 << 20
@@ -22,26 +23,9 @@ def entry_path(kind: str, directory: str = CACHE_DIR) -> str:
     return os.path.join(directory, f"{kind}-cache.json")
 
 
-def read_trusted(path: str, limit: int = MAX_ENTRY) -> bytes | None:
-    """The bytes of ``path`` if it is a regular file owned by us and not group/world
-    writable (no symlink followed), else None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if (st.st_mode & 0o170000) != 0o100000 or st.st_uid != os.geteuid():
-            return None
-        if st.st_mode & 0o022:
-            return None
-        data = fh.read(limit + 1)
-    return data if len(data) <= limit else None
-
-
 def load(path: str, key):
     """The cached value at ``path`` if its key equals ``key``, else None."""
-    raw = read_trusted(path)
+    raw = read_trusted(path, MAX_ENTRY)
     if raw is None:
         return None
     try:

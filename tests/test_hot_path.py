@@ -125,6 +125,7 @@ def test_passthrough_call_imports_only_the_runtime_package(tmp_path, recording):
         "nvshim.runtime.args",
         "nvshim.runtime.main",
         "nvshim.runtime.passthrough",
+        "nvshim.trusted",
     ]
     assert "os" not in loaded and "nvshim.config" not in loaded
 

@@ -1,6 +1,6 @@
-"""Which low-level runtime to exec. The pass-through path runs for every runc call an
-engine makes: the configuration comes from its cache (``nvshim.config``), and the
-runtime is looked up on ``PATH`` with a few ``stat`` calls.
+"""Which low-level runtime to exec: the first of the configured ``runtimes`` found
+(absolute, or on ``PATH``). Pass-through calls reach this only when their cache
+(``nvshim.runtime.passthrough``) misses.
 """
 
 from __future__ import annotations

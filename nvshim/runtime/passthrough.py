@@ -14,6 +14,7 @@ from __future__ import annotations
 import posix
 
 from nvshim import __version__
+from nvshim.trusted import read_trusted
 
 CACHE_DIR = "/run/nvshim"
 DEFAULT_CONFIG = "/etc/nvshim/config.toml"
@@ -26,15 +27,9 @@ def config_file() -> str:
     return value.decode("utf-8", "surrogateescape") if value else DEFAULT_CONFIG
 
 
-def _read(path: str, trusted: bool = False) -> bytes | None:
+def _read(path: str) -> bytes | None:
     try:
         with open(path, "rb") as fh:
-            if trusted:
-                st = posix.fstat(fh.fileno())
-                if (st.st_mode & 0o170000) != 0o100000 or st.st_uid != posix.geteuid():
-                    return None
-                if st.st_mode & 0o022:
-                    return None
             return fh.read(MAX_CONFIG + 1)
     except OSError:
         return None
@@ -56,7 +51,7 @@ def entry_file() -> str:
 def cached_runtime(config_path: str) -> tuple[str | None, bytes]:
     """(the cached runtime or None, the key to store a fresh one under)."""
     key = entry_key(config_path)
-    entry = _read(entry_file(), trusted=True)
+    entry = read_trusted(entry_file(), 2 * MAX_CONFIG)
     if entry is None or not entry.startswith(key + b"\0\0"):
         return None, key
     runtime = entry[len(key) + 2 :].decode("utf-8", "surrogateescape")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cri_util import cri_ready_config
 from tests.engines.containerd_instance import private_containerd
 from tests.engines.corpus_cases import CORPUS, clear_engine_env, run_cli, tree
 
@@ -35,9 +36,11 @@ nvshim = run_cli
 def test_signal_restarts_the_daemon_on_the_socket_and_no_other(tmp_path, capsys):
     config_a = tmp_path / "a" / "config.toml"
     config_b = tmp_path / "b" / "config.toml"
+    # the stock 1.6 config with its CNI and opt directories kept under tmp_path
+    stock = cri_ready_config(V16, tmp_path / "scratch", "registry.k8s.io/pause:3.6")
     for config in (config_a, config_b):
         config.parent.mkdir()
-        config.write_text(V16)
+        config.write_text(stock)
     with (
         private_containerd(tmp_path / "a", config_a) as a,
         private_containerd(tmp_path / "b", config_b) as b,
@@ -80,7 +83,7 @@ def test_signal_restarts_the_daemon_on_the_socket_and_no_other(tmp_path, capsys)
             "--socket",
             a.socket,
         )
-        assert code == 0 and config_a.read_text() == V16
+        assert code == 0 and config_a.read_text() == stock
         a.wait_restarted(new_a)
         assert "nvshim" not in a.cri_config()["containerd"]["runtimes"]
         assert b.pid == pid_b

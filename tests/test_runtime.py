@@ -118,6 +118,8 @@ def test_single_gpu_by_index(h100):
     assert spec["annotations"]["nvshim.io/injected"] == gpu["uuid"]
     line = h100.log_lines()[-1]
     assert "source=env" in line and f"devices={gpu['uuid']}" in line
+    # one line per container: the hook that finished it logs nothing more on success
+    assert len(h100.log.read_text().splitlines()) == 1
 
 
 def test_mig_device_and_replica_ids(h100):

@@ -201,8 +201,14 @@ def _run(args: HookArgs, state, ctx: Context) -> dict | None:
         sharing = ctx.config.values["sharing"]
         warning = check_daemon(sharing["mps-root"], args.uuid, sharing["on-daemon-down"])
         return {"device": args.uuid, "mps_warning": warning}
+    from nvshim.hook.state import annotations, load_spec, rootfs_path
+    from nvshim.oci.modify import INJECTED_ANNOTATION
+
     steps = parse_finish(args.steps) if args.command == "finish" else [args]
-    return run_steps(state.pid, _container_root(state), steps, ctx)
+    spec = load_spec(state.bundle)
+    fields = run_steps(state.pid, rootfs_path(spec, state.bundle), steps, ctx)
+    # one line per container: nvshim-runtime already logged this one's decision
+    return None if INJECTED_ANNOTATION in annotations(spec) else fields
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,14 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ctx.ldconfig_fd is not None:
             os.close(ctx.ldconfig_fd)
-    if fields is not None:
-        risky = ",".join(sorted(k for k in os.environ if k.startswith(RISKY_ENV))) or None
+    risky = ",".join(sorted(k for k in os.environ if k.startswith(RISKY_ENV))) or None
+    if fields is not None or risky:
         log_decision(
             log_file,
             TOOL,
             container_id,
             step=args.command,
-            **fields,
+            **(fields or {}),
             hook_env=env_names,
             unsafe_hook_env=risky,
         )

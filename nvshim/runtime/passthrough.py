@@ -40,7 +40,8 @@ def entry_key(config_path: str) -> bytes:
     text = _read(config_path)
     path = posix.environ.get(b"PATH", b"")
     config = b"missing" if text is None else b"text " + text
-    return b"\0".join((b"nvshim " + __version__.encode(), config_path.encode(), config, path))
+    name = config_path.encode("utf-8", "surrogateescape")
+    return b"\0".join((b"nvshim " + __version__.encode(), name, config, path))
 
 
 def entry_file() -> str:

@@ -160,15 +160,15 @@ class ContainerEdits:
         """
         parts = (self, *others)
         return ContainerEdits(
-            env=_dedupe_keep_last([e for p in parts for e in p.env], env_key),
-            device_nodes=_dedupe_keep_last(
+            env=dedupe_keep_last([e for p in parts for e in p.env], env_key),
+            device_nodes=dedupe_keep_last(
                 [d for p in parts for d in p.device_nodes], lambda d: d.path
             ),
-            mounts=_dedupe_keep_last(
+            mounts=dedupe_keep_last(
                 [m for p in parts for m in p.mounts], lambda m: m.container_path
             ),
-            hooks=_dedupe_keep_last([h for p in parts for h in p.hooks], lambda h: h),
-            additional_gids=_dedupe_keep_last([g for p in parts for g in p.additional_gids], int),
+            hooks=dedupe_keep_last([h for p in parts for h in p.hooks], lambda h: h),
+            additional_gids=dedupe_keep_last([g for p in parts for g in p.additional_gids], int),
         )
 
     def with_env(self, **values: str) -> ContainerEdits:
@@ -219,8 +219,9 @@ class ContainerEdits:
         )
 
 
-def _dedupe_keep_last(items: list, key) -> list:
-    """Keep the first position of each key but the last value given for it."""
+def dedupe_keep_last(items: list, key) -> list:
+    """Keep the first position of each key but the last value given for it (as runc's
+    process setup treats repeated env keys)."""
     index: dict[Any, int] = {}
     out: list = []
     for item in items:

@@ -3,7 +3,7 @@ unknown fields, key order, other env entries. Standard library only (runtime hot
 
 from __future__ import annotations
 
-from nvshim.edits import ContainerEdits, env_key
+from nvshim.edits import ContainerEdits, dedupe_keep_last, env_key
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:
@@ -31,18 +31,8 @@ def _array(parent: dict[str, Any], key: str) -> list[Any]:
 def merge_env(existing: list[str], updates: list[str]) -> list[str]:
     """``existing`` with ``updates`` applied; one entry per key, the last value winning
     (as runc's process setup does), at the key's first position."""
-    out: list[str] = []
-    where: dict[str, int] = {}
-    for entry in [*existing, *updates]:
-        if not isinstance(entry, str):
-            continue
-        key = env_key(entry)
-        if key in where:
-            out[where[key]] = entry
-        else:
-            where[key] = len(out)
-            out.append(entry)
-    return out
+    entries = [e for e in [*existing, *updates] if isinstance(e, str)]
+    return dedupe_keep_last(entries, env_key)
 
 
 def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]) -> dict[str, Any]:

@@ -204,8 +204,8 @@ sys.path[0:0] = {roots!r}
 from nvshim.config import load_config
 from nvshim.edits import ContainerEdits, DeviceNode, Hook, Mount
 from nvshim.hook import apply
-from nvshim.hook.main import Context, _container_root, apply_edits, finishing_steps, run_steps
-from nvshim.hook.state import read_state
+from nvshim.hook.main import Context, apply_edits, finishing_steps, run_steps
+from nvshim.hook.state import load_spec, read_state, rootfs_path
 edits_file, config_file, out_file, mode = sys.argv[1:5]
 state = read_state(sys.stdin.buffer)
 with open(edits_file) as fh:
@@ -218,7 +218,7 @@ edits = ContainerEdits(
            for h in data["hooks"]],
 )
 ctx = Context(load_config(config_file))
-root = _container_root(state)
+root = rootfs_path(load_spec(state.bundle), state.bundle)
 if mode == "full":
     fields = apply_edits(state, root, edits, ctx)
 else:  # no cgroup: for runs outside a container

@@ -100,12 +100,6 @@ def run_steps(
     return in_mount_ns(pid, work)
 
 
-def _container_root(state) -> str:
-    from nvshim.hook.state import load_spec, rootfs_path
-
-    return rootfs_path(load_spec(state.bundle), state.bundle)
-
-
 def finishing_steps(hooks) -> tuple[list[HookArgs], list[str]]:
     """The ``nvshim-hook <finisher> ...`` entries of ``hooks`` parsed for in-process runs,
     and a description of the entries that are not ours (not run)."""

@@ -13,9 +13,9 @@ import os
 
 from nvshim.errors import NvshimError
 from nvshim.record import field, record
-from nvshim.runtime import DEFAULT_RUNTIMES
+from nvshim.runtime import DEFAULT_CONFIG, DEFAULT_RUNTIMES
 
-DEFAULT_PATH = "/etc/nvshim/config.toml"
+DEFAULT_PATH = DEFAULT_CONFIG
 
 DEFAULTS: dict[str, dict[str, object]] = {
     "host": {

@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 
 from nvshim import fastjson
-from nvshim.trusted import read_trusted
+from nvshim.trusted import CACHE_DIR, read_trusted
 
-CACHE_DIR = "/run/nvshim"
 MAX_ENTRY = 16 << 20
 
 
@@ -38,12 +37,21 @@ def load(path: str, key):
 
 
 def store(path: str, key, value) -> None:
-    """Write an entry atomically (mode 0644; not fsynced: ``/run`` does not outlive a boot)."""
+    """Write an entry (``key`` and ``value`` as JSON); see ``write_entry``."""
+    try:
+        data = fastjson.dumps({"key": key, "value": value}).encode()
+    except (TypeError, ValueError):
+        return
+    write_entry(path, data)
+
+
+def write_entry(path: str, data: bytes) -> None:
+    """Write a cache file atomically (mode 0644; not fsynced: ``/run`` does not outlive a
+    boot). Failing to is not an error."""
     from nvshim.fsutil import atomic_write
 
     try:
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        data = fastjson.dumps({"key": key, "value": value}).encode()
         atomic_write(path, data, mode=0o644, backup=False, durable=False)
-    except (OSError, TypeError, ValueError):
+    except OSError:
         pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import posix
 
+CACHE_DIR = "/run/nvshim"  # where nvshim's caches live (tmpfs: gone at reboot)
 _REGULAR = 0o100000
 _TYPE_MASK = 0o170000
 

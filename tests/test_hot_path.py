@@ -191,7 +191,7 @@ def test_passthrough_cache_is_keyed_and_checked(tmp_path, monkeypatch):
     runtime, key = passthrough.cached_runtime(path)
     assert runtime is None
     fake = _write(tmp_path / "my-runc", "#!/bin/sh\n")
-    passthrough.remember(path, key, fake)
+    passthrough.remember(key, fake)
     entry = passthrough.entry_file()
     assert stat.S_IMODE(os.stat(entry).st_mode) == 0o644
     assert passthrough.cached_runtime(path)[0] == fake

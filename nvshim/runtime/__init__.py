@@ -4,3 +4,4 @@ Keep this module free of imports: the pass-through path loads it for every runc 
 """
 
 DEFAULT_RUNTIMES = ("runc", "crun")
+DEFAULT_CONFIG = "/etc/nvshim/config.toml"  # $NVSHIM_CONFIG names another

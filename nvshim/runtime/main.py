@@ -71,5 +71,5 @@ def _passthrough_runtime() -> str:
 
         runtime = resolve(None)
         if entry_key(path) == key:
-            remember(path, key, runtime)
+            remember(key, runtime)
     return runtime

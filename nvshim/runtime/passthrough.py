@@ -14,10 +14,9 @@ from __future__ import annotations
 import posix
 
 from nvshim import __version__
-from nvshim.trusted import read_trusted
+from nvshim.runtime import DEFAULT_CONFIG
+from nvshim.trusted import CACHE_DIR, read_trusted
 
-CACHE_DIR = "/run/nvshim"
-DEFAULT_CONFIG = "/etc/nvshim/config.toml"
 MAX_CONFIG = 1 << 20
 
 
@@ -61,15 +60,8 @@ def cached_runtime(config_path: str) -> tuple[str | None, bytes]:
     return None, key
 
 
-def remember(config_path: str, key: bytes, runtime: str) -> None:
-    """Store the resolved runtime; failing to is not an error."""
-    import os
+def remember(key: bytes, runtime: str) -> None:
+    """Store the resolved runtime under ``key``; failing to is not an error."""
+    from nvshim.filecache import write_entry
 
-    from nvshim.fsutil import atomic_write
-
-    try:
-        os.makedirs(CACHE_DIR, mode=0o755, exist_ok=True)
-        data = key + b"\0\0" + runtime.encode("utf-8", "surrogateescape")
-        atomic_write(entry_file(), data, mode=0o644, backup=False, durable=False)
-    except OSError:
-        pass
+    write_entry(entry_file(), key + b"\0\0" + runtime.encode("utf-8", "surrogateescape"))

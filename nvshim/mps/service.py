@@ -70,22 +70,26 @@ def start_all(config, host: Host, ids: tuple[str, ...] = ()) -> Outcome:
     return outcome
 
 
-def _known_daemons(config, host: Host, shared: dict[str, SharedDevice]) -> dict[str, str]:
-    """MPS-shared devices plus any device with a daemon directory under the MPS root."""
+def _daemon_targets(
+    config, host: Host, ids: tuple[str, ...]
+) -> tuple[dict[str, SharedDevice], dict[str, str], list[str]]:
+    """The MPS-shared devices, the names of every device with a daemon to speak of
+    (shared, or with a directory under the MPS root), and the UUIDs ``ids`` pick."""
+    shared = mps_devices(config, host)
     names = _names(host)
     known = {u: s.name for u, s in shared.items()}
     for uuid in daemon.daemon_uuids(config.get("sharing", "mps-root")):
         known.setdefault(uuid, names.get(uuid, uuid))
-    return known
+    picked = _pick(ids, known, "an MPS-shared device or a device with a daemon")
+    return shared, known, picked
 
 
 def stop_all(config, host: Host, ids: tuple[str, ...] = ()) -> Outcome:
     """Stop the daemons of the named devices, or every daemon under the MPS root."""
     root = config.get("sharing", "mps-root")
-    shared = mps_devices(config, host)
-    known = _known_daemons(config, host, shared)
+    shared, known, picked = _daemon_targets(config, host, ids)
     outcome = Outcome()
-    for uuid in _pick(ids, known, "an MPS-shared device or a device with a daemon"):
+    for uuid in picked:
         try:
             result = daemon.stop_daemon(host, uuid, root, shared.get(uuid))
             result.name = known[uuid]
@@ -101,10 +105,9 @@ def stop_all(config, host: Host, ids: tuple[str, ...] = ()) -> Outcome:
 def status_all(config, host: Host, ids: tuple[str, ...] = ()) -> Outcome:
     """The status of every MPS-shared device's daemon (and of leftovers not in the config)."""
     root = config.get("sharing", "mps-root")
-    shared = mps_devices(config, host)
-    known = _known_daemons(config, host, shared)
+    shared, known, picked = _daemon_targets(config, host, ids)
     outcome = Outcome()
-    for uuid in _pick(ids, known, "an MPS-shared device or a device with a daemon"):
+    for uuid in picked:
         result = daemon.daemon_status(host, shared.get(uuid), uuid, root)
         result.name = known[uuid]
         outcome.daemons.append(result)

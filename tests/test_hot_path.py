@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 
 import pytest
 
 from nvshim.launch import import_roots, real_interpreter
 from tests.conftest import write_config
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import make_bundle, runc_run
+from tests.runc_util import RUNC_ENV, make_bundle, runc_run
 
 # Each costs milliseconds at import (re and enum behind most of them).
 HEAVY = (
@@ -116,7 +117,7 @@ def test_passthrough_call_imports_only_the_runtime_package(tmp_path, recording):
     state.mkdir()
     env = {"NVSHIM_CONFIG": config}
     for _ in range(2):  # the first call resolves runc and caches it
-        assert runc_run_list(runtime, str(state), env).returncode == 0
+        assert _runtime_list(runtime, str(state), env).returncode == 0
     loaded = _modules(tmp_path / "runtime.mods")[1]
     nvshim = sorted(m for m in loaded if m.startswith("nvshim"))
     assert nvshim == [
@@ -130,11 +131,8 @@ def test_passthrough_call_imports_only_the_runtime_package(tmp_path, recording):
     assert "os" not in loaded and "nvshim.config" not in loaded
 
 
-def runc_run_list(runtime: str, state: str, env: dict):
-    import subprocess
-
-    from tests.runc_util import RUNC_ENV
-
+def _runtime_list(runtime: str, state: str, env: dict) -> subprocess.CompletedProcess:
+    """``<runtime> --root STATE list``: a call nvshim passes straight to runc."""
     return subprocess.run(
         [runtime, "--root", state, "list"],
         env={**RUNC_ENV, **env},
@@ -149,7 +147,6 @@ def test_config_cache_follows_the_file_text(tmp_path, monkeypatch):
     from nvshim import filecache
     from nvshim.config import load_config
 
-    monkeypatch.setattr(filecache, "CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(
         filecache, "entry_path", lambda kind, directory=None: str(tmp_path / f"{kind}.json")
     )

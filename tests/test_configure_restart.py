@@ -93,12 +93,15 @@ _FAKE_DAEMON = """
 import os, signal, socket, sys, time
 path, log = sys.argv[1], sys.argv[2]
 def hup(*_):
-    with open(log, "a") as fh:
+    # Written whole, then renamed: the test polls for the file and reads it at once.
+    with open(log + ".part", "a") as fh:
         fh.write("HUP\\n")
+    os.replace(log + ".part", log)
 signal.signal(signal.SIGHUP, hup)
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(path)
+srv.bind(path + ".tmp")
 srv.listen(8)
+os.rename(path + ".tmp", path)  # appears only once it accepts connections
 srv.settimeout(0.2)
 while True:
     try:

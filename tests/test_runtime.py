@@ -9,9 +9,10 @@ import subprocess
 
 import pytest
 
-from tests.conftest import write_config
+from tests.conftest import HOSTS, write_config
 from tests.podman_util import make_busybox_rootfs
 from tests.runc_util import make_bundle, runc_run
+from tests.sim.driverfiles import LIBRARIES
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 SHOW = (
@@ -122,16 +123,60 @@ def test_single_gpu_by_index(h100):
     assert len(h100.log.read_text().splitlines()) == 1
 
 
+def lib_bases(names: list[str]) -> set[str]:
+    """The driver libraries (base names, as in the simulated driver's table) among ``names``."""
+    known = {base for base, _, _ in LIBRARIES}
+    return {n.split(".so")[0] for n in names if n.split(".so")[0] in known}
+
+
+def cap_nodes(sim, uuids: list[str]) -> set[str]:
+    """The /dev/nvidia-caps nodes (GI and CI access) of the MIG devices among ``uuids``."""
+    return {
+        f"nvidia-cap{sim.mig_minor(g['minor'], m['gi'], *ci)}"
+        for g in sim.topology["gpus"]
+        for m in g.get("mig_devices", ())
+        if m["uuid"] in uuids
+        for ci in ((), (m["ci"],))
+    }
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_every_host_all_and_one_device(sim_hosts, launchers, tmp_path, rootfs, host):
+    """On each simulated host, ``all`` and then the first device by UUID give exactly those
+    devices' nodes, the control nodes and libraries of the default capabilities
+    (utility, compute) and no others, a working libcuda link and CUDA_VISIBLE_DEVICES."""
+    rt = Runtime(sim_hosts(host), launchers, tmp_path, rootfs, accept_env_unprivileged=True)
+    gpus = rt.sim.topology["gpus"]
+    whole = [g["uuid"] for g in gpus if g["mig_mode"] != "enabled"]
+    migs = rt.sim.mig_uuids()
+    wanted_libs = {base for base, cap, _ in LIBRARIES if cap in ("utility", "compute")}
+    for request, uuids in (("all", whole + migs), ((whole or migs)[0], [(whole or migs)[0]])):
+        proc, _, _ = rt.run(env={"NVIDIA_VISIBLE_DEVICES": request})
+        view = rt.view(proc)
+        owners = {
+            f"nvidia{g['minor']}"
+            for g in gpus
+            if g["uuid"] in uuids or any(m["uuid"] in uuids for m in g.get("mig_devices", ()))
+        }
+        control = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+        if set(uuids) & set(migs):
+            control.add("nvidia-caps")
+        assert gpu_nodes(view) == owners, request
+        assert set(view["DEV"]) - owners == control, request
+        assert set(view["CAPS"]) == cap_nodes(rt.sim, uuids), request
+        assert lib_bases(view["LIBS"]) == wanted_libs, request
+        assert view["LINK"] == [f"libcuda.so.{rt.sim.driver_version}"]
+        assert view["CVD"] == [",".join(uuids)], request
+
+
 def test_mig_device_and_replica_ids(h100):
     gpu6 = h100.sim.topology["gpus"][6]
     mig = sorted(gpu6["mig_devices"], key=lambda m: m["slot"])[1]
     proc, _, _ = h100.run(env={"NVIDIA_VISIBLE_DEVICES": f"{mig['uuid']}::0,6:1::1"})
     view = h100.view(proc)
     assert gpu_nodes(view) == {f"nvidia{gpu6['minor']}"}
-    assert set(view["CAPS"]) == {
-        f"nvidia-cap{h100.sim.mig_minor(gpu6['minor'], mig['gi'])}",
-        f"nvidia-cap{h100.sim.mig_minor(gpu6['minor'], mig['gi'], mig['ci'])}",
-    }
+    assert set(view["CAPS"]) == cap_nodes(h100.sim, [mig["uuid"]])
+    assert len(view["CAPS"]) == 2  # its GI and CI access nodes
     assert view["CVD"] == [mig["uuid"]]
 
 

@@ -106,8 +106,7 @@ def test_generated_spec_is_valid_and_complete(sim_hosts, tmp_path, name, strateg
         paths = [n["path"] for n in devices[key]["deviceNodes"]]
         assert paths == [
             f"/dev/nvidia{g['minor']}",
-            f"/dev/nvidia-caps/nvidia-cap{sim.mig_minor(g['minor'], m['gi'])}",
-            f"/dev/nvidia-caps/nvidia-cap{sim.mig_minor(g['minor'], m['gi'], m['ci'])}",
+            *(f"/dev/nvidia-caps/{name}" for name in sim.mig_cap_names(m["uuid"])),
         ]
     all_paths = {n["path"] for n in devices["all"]["deviceNodes"]}
     assert all_paths == {
@@ -251,10 +250,7 @@ def test_podman_consumes_the_spec(sim_hosts, launchers, tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     listed = set(proc.stdout.split())
-    caps = {
-        f"nvidia-cap{sim.mig_minor(gpu6['minor'], mig['gi'])}",
-        f"nvidia-cap{sim.mig_minor(gpu6['minor'], mig['gi'], mig['ci'])}",
-    }
+    caps = set(sim.mig_cap_names(mig["uuid"]))
     assert caps <= listed
     assert f"nvidia{gpu6['minor']}" in listed
     assert {x for x in listed if x.startswith("nvidia-cap") and x != "nvidia-caps"} == caps

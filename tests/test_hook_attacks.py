@@ -199,14 +199,15 @@ def test_symlink_swapped_while_the_hook_runs(tmp_path, launchers, host_state):
     lib = tmp_path / f"rootfs{LIB}"
     lib.mkdir(parents=True)
     build_stub_library(lib / "libcuda.so.550.90.12", "libcuda.so.1")
-    os.symlink(canary, tmp_path / "rootfs/usr/lib/swap")
+    swap = tmp_path / "rootfs/usr/lib/swap"
+    os.symlink(canary, swap)
     twin = tmp_path / "rootfs" / canary.lstrip("/")
     twin.mkdir(parents=True)  # the canary's in-root twin
     config, log = write_hook_config(tmp_path)
     hook = f"{launchers}/nvshim-hook"
     bundle = make_bundle(tmp_path, rootfs, ["true"])
     flipper = subprocess.Popen(
-        [sys.executable, "-c", FLIPPER, str(lib), str(tmp_path / "rootfs/usr/lib/swap")],
+        [sys.executable, "-c", FLIPPER, str(lib), str(swap)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -215,7 +216,7 @@ def test_symlink_swapped_while_the_hook_runs(tmp_path, launchers, host_state):
         runs = []
         # at least 12 rounds, more (up to 60) until the swap was seen both ways
         for i in range(60):
-            if i >= 12 and hit_both_ways(lib, tmp_path / "rootfs/usr/lib/swap", twin):
+            if i >= 12 and hit_both_ways(lib, swap, twin):
                 break
             for argv in (
                 [
@@ -236,7 +237,7 @@ def test_symlink_swapped_while_the_hook_runs(tmp_path, launchers, host_state):
         flipper.wait()
     # The swap was hit both ways: links went to the directory and, through the symlink,
     # to its in-root twin; never to the host directory.
-    assert hit_both_ways(lib, tmp_path / "rootfs/usr/lib/swap", twin)
+    assert hit_both_ways(lib, swap, twin)
     assert tree_snapshot(canary) == before
     for run in runs:
         assert "Traceback" not in run.stderr

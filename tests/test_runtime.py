@@ -129,17 +129,6 @@ def lib_bases(names: list[str]) -> set[str]:
     return {n.split(".so")[0] for n in names if n.split(".so")[0] in known}
 
 
-def cap_nodes(sim, uuids: list[str]) -> set[str]:
-    """The /dev/nvidia-caps nodes (GI and CI access) of the MIG devices among ``uuids``."""
-    return {
-        f"nvidia-cap{sim.mig_minor(g['minor'], m['gi'], *ci)}"
-        for g in sim.topology["gpus"]
-        for m in g.get("mig_devices", ())
-        if m["uuid"] in uuids
-        for ci in ((), (m["ci"],))
-    }
-
-
 @pytest.mark.parametrize("host", HOSTS)
 def test_every_host_all_and_one_device(sim_hosts, launchers, tmp_path, rootfs, host):
     """On each simulated host, ``all`` and then the first device by UUID give exactly those
@@ -149,21 +138,23 @@ def test_every_host_all_and_one_device(sim_hosts, launchers, tmp_path, rootfs, h
     gpus = rt.sim.topology["gpus"]
     whole = [g["uuid"] for g in gpus if g["mig_mode"] != "enabled"]
     migs = rt.sim.mig_uuids()
+    first = (whole or migs)[0]
     wanted_libs = {base for base, cap, _ in LIBRARIES if cap in ("utility", "compute")}
-    for request, uuids in (("all", whole + migs), ((whole or migs)[0], [(whole or migs)[0]])):
+    for request, uuids in (("all", whole + migs), (first, [first])):
         proc, _, _ = rt.run(env={"NVIDIA_VISIBLE_DEVICES": request})
         view = rt.view(proc)
         owners = {
             f"nvidia{g['minor']}"
             for g in gpus
-            if g["uuid"] in uuids or any(m["uuid"] in uuids for m in g.get("mig_devices", ()))
+            if g["uuid"] in uuids or any(m["uuid"] in uuids for m in g["mig_devices"])
         }
         control = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
         if set(uuids) & set(migs):
             control.add("nvidia-caps")
         assert gpu_nodes(view) == owners, request
         assert set(view["DEV"]) - owners == control, request
-        assert set(view["CAPS"]) == cap_nodes(rt.sim, uuids), request
+        caps = {name for u in uuids if u in migs for name in rt.sim.mig_cap_names(u)}
+        assert set(view["CAPS"]) == caps, request
         assert lib_bases(view["LIBS"]) == wanted_libs, request
         assert view["LINK"] == [f"libcuda.so.{rt.sim.driver_version}"]
         assert view["CVD"] == [",".join(uuids)], request
@@ -175,8 +166,7 @@ def test_mig_device_and_replica_ids(h100):
     proc, _, _ = h100.run(env={"NVIDIA_VISIBLE_DEVICES": f"{mig['uuid']}::0,6:1::1"})
     view = h100.view(proc)
     assert gpu_nodes(view) == {f"nvidia{gpu6['minor']}"}
-    assert set(view["CAPS"]) == cap_nodes(h100.sim, [mig["uuid"]])
-    assert len(view["CAPS"]) == 2  # its GI and CI access nodes
+    assert set(view["CAPS"]) == set(h100.sim.mig_cap_names(mig["uuid"]))
     assert view["CVD"] == [mig["uuid"]]
 
 

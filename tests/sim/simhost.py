@@ -76,6 +76,17 @@ class SimHost:
         """The nvidia-caps minor of a GI access (or CI access) capability."""
         return devfs.mig_minor(gpu_minor, gi, ci)
 
+    def mig_cap_names(self, uuid: str) -> list[str]:
+        """The /dev/nvidia-caps node names of MIG device ``uuid``: GI access, CI access."""
+        for g in self.topology["gpus"]:
+            for m in g["mig_devices"]:
+                if m["uuid"] == uuid:
+                    return [
+                        f"nvidia-cap{self.mig_minor(g['minor'], m['gi'])}",
+                        f"nvidia-cap{self.mig_minor(g['minor'], m['gi'], m['ci'])}",
+                    ]
+        raise KeyError(f"no MIG device {uuid} on this simulated host")
+
     def nvml_env(self) -> dict[str, str]:
         """Environment additions that make ``CDLL("libnvidia-ml.so.1")`` load the fake."""
         return {"LD_LIBRARY_PATH": self.driver_root.rstrip("/") + self.lib_dir}

@@ -18,6 +18,7 @@ setup(
         "click>=8.1",
         "pyroute2>=0.7",
         "jsonschema>=4.18",
+        "prometheus-client>=0.17",
     ],
     extras_require={
         "test": [
@@ -25,6 +26,7 @@ setup(
             "ruff",
             "grpcio",
             "container-runtime-interface-api",
+            "kubernetes-validate",
         ],
     },
     entry_points={"console_scripts": ["nvshim=nvshim.cli:main"]},

@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 
 need_pkgs=()
 for spec in gcc:gcc ldconfig:libc-bin runc:runc podman:podman containerd:containerd \
-            busybox:busybox-static ip:iproute2 unshare:util-linux; do
+            busybox:busybox-static ip:iproute2 unshare:util-linux mmdebstrap:mmdebstrap \
+            lintian:lintian dh:debhelper dpkg-buildpackage:dpkg-dev fakeroot:fakeroot \
+            patchelf:patchelf systemd-analyze:systemd kubectl:kubectl; do
     cmd=${spec%%:*}; pkg=${spec#*:}
     command -v "$cmd" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "$cmd" >/dev/null 2>&1 \
         || need_pkgs+=("$pkg")

@@ -6,10 +6,33 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
+# nvshim's caches (config, runtime, exec markers) go to this session's own directory:
+# every process the suite starts inherits it or gets it from tests/runc_util.CACHE_ENV.
+os.environ["NVSHIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nvshim-test-cache-")
+
+from tests.hostguard import HostGuard  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_GUARD = HostGuard()
+
+
+def pytest_configure(config):
+    """The suite runs in a private mount namespace where the host's nvshim paths are
+    empty directories of its own; they must still be empty at the end."""
+    _GUARD.enter()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    written = _GUARD.written()
+    if written:
+        print(f"\nthe suite wrote host paths: {', '.join(written)}", file=sys.stderr)
+        session.exitstatus = 1
+
+
 VENV_BIN = os.path.dirname(sys.executable)
 NVSHIM = os.path.join(VENV_BIN, "nvshim")
 HOSTS = ("single", "h100x8-mig", "a100-mig-1g5gb")

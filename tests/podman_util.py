@@ -18,6 +18,7 @@ from collections.abc import Sequence
 BUSYBOX_APPLETS = ("sh", "ls", "cat", "readlink", "env", "test", "find", "grep", "stat", "true")
 
 PODMAN_BASE_ENV = {
+    **{k: v for k, v in os.environ.items() if k == "NVSHIM_CACHE_DIR"},  # tests/conftest.py
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/root",
     "LC_ALL": "C.UTF-8",

@@ -24,7 +24,9 @@ from tests.podman_util import make_busybox_rootfs
 
 __all__ = ["make_bundle", "make_busybox_rootfs", "runc_run", "runc_spec"]
 
-RUNC_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+# nvshim's caches stay under the suite's own directory (tests/conftest.py sets it)
+CACHE_ENV = {k: v for k, v in os.environ.items() if k == "NVSHIM_CACHE_DIR"}
+RUNC_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **CACHE_ENV}
 
 
 @functools.cache
@@ -197,6 +199,7 @@ def tree_snapshot(path: str | os.PathLike) -> dict[str, tuple]:
 HOOK_TEST_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LC_ALL": "C.UTF-8",
+    **CACHE_ENV,
 }
 
 _APPLY_SCRIPT = """import json, sys

@@ -5,15 +5,13 @@ TOML parsing and NVML. (Speed itself is measured in ``bench/runtime_start.py``.)
 from __future__ import annotations
 
 import os
-import stat
-import subprocess
 
 import pytest
 
 from nvshim.launch import import_roots, real_interpreter
 from tests.conftest import write_config
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import RUNC_ENV, make_bundle, runc_run
+from tests.runc_util import make_bundle, runc_run
 
 # Each costs milliseconds at import (re and enum behind most of them).
 HEAVY = (
@@ -111,37 +109,6 @@ def test_gpu_create_and_its_hook_import_nothing_heavy(tmp_path, recording):
         assert sorted(set(HEAVY) & loaded) == []
 
 
-def test_passthrough_call_imports_only_the_runtime_package(tmp_path, recording):
-    runtime, config = recording
-    state = tmp_path / "runc-state"
-    state.mkdir()
-    env = {"NVSHIM_CONFIG": config}
-    for _ in range(2):  # the first call resolves runc and caches it
-        assert _runtime_list(runtime, str(state), env).returncode == 0
-    loaded = _modules(tmp_path / "runtime.mods")[1]
-    nvshim = sorted(m for m in loaded if m.startswith("nvshim"))
-    assert nvshim == [
-        "nvshim",
-        "nvshim.runtime",
-        "nvshim.runtime.args",
-        "nvshim.runtime.main",
-        "nvshim.runtime.passthrough",
-        "nvshim.trusted",
-    ]
-    assert "os" not in loaded and "nvshim.config" not in loaded
-
-
-def _runtime_list(runtime: str, state: str, env: dict) -> subprocess.CompletedProcess:
-    """``<runtime> --root STATE list``: a call nvshim passes straight to runc."""
-    return subprocess.run(
-        [runtime, "--root", state, "list"],
-        env={**RUNC_ENV, **env},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
 def test_config_cache_follows_the_file_text(tmp_path, monkeypatch):
     """Same size, same second: a rewritten file is still seen (the key is its text)."""
     from nvshim import filecache
@@ -176,27 +143,3 @@ def test_untrusted_cache_entries_are_ignored(tmp_path, monkeypatch):
     link.symlink_to(entry)
     assert filecache.load(str(link), "k") is None
     assert filecache.load(str(entry), "other key") is None
-
-
-def test_passthrough_cache_is_keyed_and_checked(tmp_path, monkeypatch):
-    from nvshim.runtime import passthrough
-
-    monkeypatch.setattr(passthrough, "CACHE_DIR", str(tmp_path / "cache"))
-    config = tmp_path / "config.toml"
-    config.write_text('[runtime]\nruntimes = ["runc"]\n')
-    path = str(config)
-    runtime, key = passthrough.cached_runtime(path)
-    assert runtime is None
-    fake = _write(tmp_path / "my-runc", "#!/bin/sh\n")
-    passthrough.remember(key, fake)
-    entry = passthrough.entry_file()
-    assert stat.S_IMODE(os.stat(entry).st_mode) == 0o644
-    assert passthrough.cached_runtime(path)[0] == fake
-    config.write_text('[runtime]\nruntimes = ["crun"]\n')  # another text: another key
-    assert passthrough.cached_runtime(path)[0] is None
-    config.write_text('[runtime]\nruntimes = ["runc"]\n')
-    os.chmod(fake, 0o644)  # no longer executable: resolved again
-    assert passthrough.cached_runtime(path)[0] is None
-    os.chmod(fake, 0o755)
-    os.chmod(entry, 0o666)  # writable by others: not trusted
-    assert passthrough.cached_runtime(path)[0] is None

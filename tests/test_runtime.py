@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import HOSTS, write_config
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import make_bundle, runc_run
+from tests.runc_util import RUNC_ENV, make_bundle, runc_run
 from tests.sim.driverfiles import LIBRARIES
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -321,7 +321,7 @@ def test_invalid_config_json_one_line(h100, tmp_path):
         [h100.runtime, "--root", str(tmp_path / "st"), "create", "--bundle", str(bundle), "x"],
         capture_output=True,
         text=True,
-        env={"NVSHIM_CONFIG": h100.config, "PATH": os.environ["PATH"]},
+        env={**RUNC_ENV, "NVSHIM_CONFIG": h100.config, "PATH": os.environ["PATH"]},
     )
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "config.json: invalid JSON" in proc.stderr
@@ -329,10 +329,11 @@ def test_invalid_config_json_one_line(h100, tmp_path):
 
 
 def test_pass_through_is_runc(h100, tmp_path):
-    env = {"NVSHIM_CONFIG": h100.config, "PATH": os.environ["PATH"]}
+    env = {**RUNC_ENV, "NVSHIM_CONFIG": h100.config, "PATH": os.environ["PATH"]}
     ours = subprocess.run([h100.runtime, "--version"], capture_output=True, text=True, env=env)
     theirs = subprocess.run(["runc", "--version"], capture_output=True, text=True)
-    assert (ours.returncode, ours.stdout) == (theirs.returncode, theirs.stdout)
+    assert ours.returncode == theirs.returncode == 0
+    assert ours.stdout.split("\n", 1)[1] == theirs.stdout  # after nvshim's own version
     args = ["--root", str(tmp_path / "st"), "state", "no-such-container"]
     ours = subprocess.run([h100.runtime, *args], capture_output=True, text=True, env=env)
     theirs = subprocess.run(["runc", *args], capture_output=True, text=True)
@@ -362,7 +363,7 @@ def test_json_log_error_reaches_engine(h100, tmp_path):
         ],
         capture_output=True,
         text=True,
-        env={"NVSHIM_CONFIG": h100.config, "PATH": os.environ["PATH"]},
+        env={**RUNC_ENV, "NVSHIM_CONFIG": h100.config, "PATH": os.environ["PATH"]},
     )
     assert proc.returncode == 1
     record = json.loads(log.read_text().splitlines()[-1])
@@ -377,12 +378,13 @@ def test_pass_through_follows_config_changes(launchers, tmp_path):
     fake.chmod(0o755)
     config = tmp_path / "config.toml"
     runtime = os.path.join(launchers, "nvshim-runtime")
-    env = {"NVSHIM_CONFIG": str(config), "PATH": os.environ["PATH"]}
+    env = {**RUNC_ENV, "NVSHIM_CONFIG": str(config), "PATH": os.environ["PATH"]}
     for expected in ("FAKE", "runc version", "FAKE"):
         target = str(fake) if expected == "FAKE" else "runc"
         config.write_text(f'# {expected}\n[runtime]\nruntimes = ["{target}"]\n')
         proc = subprocess.run([runtime, "--version"], capture_output=True, text=True, env=env)
-        assert proc.stdout.startswith(expected), proc.stdout + proc.stderr
+        runc_part = proc.stdout.split("\n", 1)[-1]  # after nvshim's own version line
+        assert runc_part.startswith(expected), proc.stdout + proc.stderr
     config.write_text('[runtime]\nruntimes = ["/nonexistent/runc"]\n')
     proc = subprocess.run([runtime, "--version"], capture_output=True, text=True, env=env)
     assert proc.returncode == 1

@@ -66,7 +66,7 @@ class HookArgs:
 
 
 class HelpRequested(Exception):
-    """``--help``: print ``text`` and exit 0."""
+    """``--help`` or ``--version``: print ``text`` and exit 0."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
@@ -82,6 +82,10 @@ def parse_args(argv: list[str]) -> HookArgs:
     config = None
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] == "--version":
+            from nvshim import __version__
+
+            raise HelpRequested(f"{TOOL} version {__version__}\n")
         name, value, i = _option(argv, i, "--config")
         if name in ("-h", "--help"):
             raise HelpRequested(help_text())
@@ -182,4 +186,5 @@ def help_text(step: str | None = None) -> str:
     ]
     lines += [f"  {name:<34} {summary}" for name, (summary, _, _) in STEPS.items()]
     lines += ["", "options:", f"  --config FILE    {CONFIG_HELP}", "  -h, --help       this help"]
+    lines += ["  --version        print the version"]
     return "\n".join(lines) + "\n"

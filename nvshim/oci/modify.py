@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 INJECTED_ANNOTATION = "nvshim.io/injected"
+# the env entries the policy set, for processes started later by exec (nvshim.runtime.execenv)
+EXEC_ENV_ANNOTATION = "nvshim.io/exec-env"
 
 
 def _table(parent: dict[str, Any], key: str) -> dict[str, Any]:
@@ -105,5 +107,10 @@ def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]
         gids = [g for g in _array(user, "additionalGids") if isinstance(g, int)]
         user["additionalGids"] = gids + [g for g in edits.additional_gids if g not in gids]
 
-    _table(spec, "annotations")[INJECTED_ANNOTATION] = ",".join(injected) or "none"
+    annotations = _table(spec, "annotations")
+    annotations[INJECTED_ANNOTATION] = ",".join(injected) or "none"
+    if edits.env:
+        from nvshim import fastjson
+
+        annotations[EXEC_ENV_ANNOTATION] = fastjson.dumps(merge_env([], edits.env))
     return spec

@@ -5,3 +5,5 @@ Keep this module free of imports: the pass-through path loads it for every runc 
 
 DEFAULT_RUNTIMES = ("runc", "crun")
 DEFAULT_CONFIG = "/etc/nvshim/config.toml"  # $NVSHIM_CONFIG names another
+FRONT_CACHE = "runtime-front"  # the low-level runtime, for the sh front (passthrough.py)
+MARKER_DIR = "exec"  # one empty file per container id nvshim prepared (create.py)

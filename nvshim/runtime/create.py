@@ -13,6 +13,22 @@ from nvshim.oci.bundle import load_spec
 TOOL = "nvshim-runtime"
 
 
+def mark_prepared(container_id: str) -> None:
+    """Leave the marker the front looks for. Without it an exec would escape the
+    enforcement, so failing to write it fails the create."""
+    from nvshim.runtime import MARKER_DIR
+    from nvshim.trusted import CACHE_DIR
+
+    if "/" in container_id or container_id in ("", ".", ".."):
+        return
+    directory = os.path.join(CACHE_DIR, MARKER_DIR)
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        os.close(os.open(os.path.join(directory, container_id), os.O_CREAT | os.O_WRONLY, 0o644))
+    except OSError as err:
+        raise NvshimError(f"{directory}: cannot write the exec marker: {err.strerror}") from None
+
+
 def prepare_bundle(bundle: str, container_id: str) -> Config:
     """Edit the bundle for a GPU request; a non-GPU container's file stays byte-identical.
 
@@ -39,6 +55,7 @@ def prepare_bundle(bundle: str, container_id: str) -> Config:
 
     apply_edits(spec, selection.edits, [d.uuid for d in selection.devices])
     data = fastjson.dumps(spec).encode()
+    mark_prepared(container_id)
     atomic_write(os.path.join(bundle, "config.json"), data, backup=False, durable=False)
     log_decision(log_file, TOOL, container_id, **selection.log)
     return config

@@ -1,15 +1,18 @@
-"""``nvshim-runtime`` entry point. Everything but ``create``/``run`` is exec'd into the
-low-level runtime unchanged; those two first edit the bundle's ``config.json``.
+"""``nvshim-runtime``'s Python half. The sh front (``nvshim.launch``) sends here only
+``create``, ``run``, ``exec`` of containers nvshim prepared, and whatever it cannot
+classify; everything else it execs into the low-level runtime itself.
 
-Imports stay minimal on the pass-through path (it runs for every runc call an engine
-makes): built-in modules only (``posix``, ``sys``) and the runtime from a cache
-(``nvshim.runtime.passthrough``) until a create is seen.
+Here the command line is parsed exactly as runc parses it (``nvshim.runtime.args``):
+a well-formed create/run gets its bundle edited, an exec of a prepared container gets
+the enforced variables, and every call then execs the low-level runtime.
 """
 
 from __future__ import annotations
 
-import posix
+import os
 import sys
+
+from nvshim import __version__
 
 TOOL = "nvshim-runtime"
 
@@ -18,15 +21,16 @@ def _report(args, message: str) -> None:
     """An error the engine will show: stderr, and runc's JSON log when one is configured."""
     print(f"{TOOL}: error: {message}", file=sys.stderr)
     if args is not None and args.log:
-        import json
         import time
+
+        from nvshim import fastjson
 
         record = {
             "level": "error",
             "msg": f"{TOOL}: {message}",
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        line = json.dumps(record) if args.log_format == "json" else record["msg"]
+        line = fastjson.dumps(record) if args.log_format == "json" else record["msg"]
         try:
             with open(args.log, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
@@ -41,35 +45,28 @@ def main(argv: list[str] | None = None) -> int:
         from nvshim.runtime.args import parse_runc_args
 
         args = parse_runc_args(argv)
-        if args.command in ("create", "run"):
+        if args.action in ("create", "run"):
             from nvshim.runtime.create import prepare_bundle
             from nvshim.runtime.lowlevel import resolve
 
-            config = prepare_bundle(args.bundle or posix.getcwd(), args.container_id or "")
-            runtime = resolve(config)
+            bundle = args.bundle or os.getcwd()
+            runtime = resolve(prepare_bundle(bundle, args.container_id))
         else:
-            runtime = _passthrough_runtime()
+            from nvshim.runtime.passthrough import resolve_and_remember
+
+            runtime = resolve_and_remember()
+            if args.action == "exec":
+                from nvshim.runtime.execenv import rewrite_exec
+
+                argv = rewrite_exec(args, argv)
+            elif args.action == "version":
+                sys.stdout.write(f"{TOOL} version {__version__}\n")
+                sys.stdout.flush()
     except Exception as err:  # noqa: BLE001 - every failure must be one line, never a traceback
         from nvshim.errors import NvshimError
 
         message = str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
         _report(args, message)
         return 1
-    posix.execv(runtime, [runtime, *argv])
+    os.execv(runtime, [runtime, *argv])
     return 127  # not reached
-
-
-def _passthrough_runtime() -> str:
-    """The low-level runtime for a call nvshim does not edit: cached, else resolved from
-    the configuration and remembered (when the file did not change meanwhile)."""
-    from nvshim.runtime.passthrough import cached_runtime, config_file, entry_key, remember
-
-    path = config_file()
-    runtime, key = cached_runtime(path)
-    if runtime is None:
-        from nvshim.runtime.lowlevel import resolve
-
-        runtime = resolve(None)
-        if entry_key(path) == key:
-            remember(key, runtime)
-    return runtime

@@ -1,0 +1,153 @@
+"""Enforcement on ``exec``: a process started in a container nvshim prepared gets the
+variables the policy set for its first process (``CUDA_VISIBLE_DEVICES``, the MPS
+share's ``CUDA_MPS_*``); a user's ``CUDA_VISIBLE_DEVICES`` is kept only when it names
+injected devices, as at create.
+
+At create nvshim records those entries in the ``nvshim.io/exec-env`` annotation; runc
+keeps annotations as labels in its ``state.json``, which is where they are read back.
+A container without it is not touched: its process file is handed on byte-identical.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim import fastjson
+from nvshim.errors import NvshimError
+from nvshim.oci.modify import EXEC_ENV_ANNOTATION, INJECTED_ANNOTATION, merge_env
+
+MAX_STATE = 16 << 20
+MAX_PROCESS = 4 << 20
+CVD = "CUDA_VISIBLE_DEVICES"
+
+
+def runc_root(global_root: str | None) -> str:
+    """runc's state directory: ``--root``, else its default for this user."""
+    if global_root:
+        return global_root
+    if os.geteuid() != 0 and os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "runc")
+    return "/run/runc"
+
+
+def container_labels(root: str, container_id: str) -> dict[str, str] | None:
+    """The labels (annotations) runc keeps for ``container_id``; None when there is no
+    such container (or the id is not one runc accepts)."""
+    if "/" in container_id or container_id in ("", ".", ".."):
+        return None
+    path = os.path.join(root, container_id, "state.json")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(MAX_STATE + 1)
+    try:
+        state = fastjson.loads(data) if len(data) <= MAX_STATE else None
+    except ValueError:
+        state = None
+    config = state.get("config") if isinstance(state, dict) else None
+    labels = config.get("labels") if isinstance(config, dict) else None
+    if not isinstance(labels, list):
+        return None
+    out = {}
+    for label in labels:
+        if isinstance(label, str) and "=" in label:
+            key, _, value = label.partition("=")
+            out[key] = value
+    return out
+
+
+def enforced_entries(labels: dict[str, str]) -> tuple[list[str], list[str]] | None:
+    """(the recorded env entries, the injected device UUIDs) of a prepared container."""
+    raw = labels.get(EXEC_ENV_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        entries = fastjson.loads(raw)
+    except ValueError:
+        entries = None
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise NvshimError(f"annotation {EXEC_ENV_ANNOTATION}: not a list of strings")
+    injected = labels.get(INJECTED_ANNOTATION, "")
+    uuids = [u for u in injected.split(",") if u and u != "none"]
+    return entries, uuids
+
+
+def exec_env(user_env: list[str], entries: list[str], uuids: list[str]) -> list[str]:
+    """The entries to set over ``user_env`` (an exec process's own env)."""
+    from nvshim.policy.visible import cuda_visible_devices
+
+    user = {}
+    for entry in user_env:
+        key, sep, value = entry.partition("=")
+        if sep:
+            user[key] = value
+    out = []
+    for entry in entries:
+        key, _, value = entry.partition("=")
+        if key == CVD and CVD in user:
+            value, _ = cuda_visible_devices(user[CVD], uuids)
+        out.append(f"{key}={value}")
+    return out
+
+
+def _process_fd(data: bytes, keep_below: int) -> int:
+    """An inheritable memory file holding ``data``, numbered at or above ``keep_below``
+    (clear of the fds the engine asks runc to pass on)."""
+    import fcntl
+
+    fd = os.memfd_create("nvshim-process.json", 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD, keep_below)
+    os.close(fd)
+    os.set_inheritable(high, True)
+    return high
+
+
+def _keep_below(args) -> int:
+    """The lowest fd number runc does not hand to the container process."""
+    total = 3
+    for raw in (args.value("preserve-fds"), os.environ.get("LISTEN_FDS")):
+        try:
+            total += max(0, int(raw or 0, 0))
+        except ValueError:
+            pass
+    return total + 64
+
+
+def rewrite_exec(args, argv: list[str]) -> list[str]:
+    """``argv`` of an ``exec`` call with the enforced variables added; unchanged (the
+    same list) for a container nvshim did not prepare."""
+    labels = container_labels(runc_root(args.globals.get("root")), args.container_id or "")
+    found = enforced_entries(labels) if labels is not None else None
+    if found is None:
+        return argv
+    entries, uuids = found
+    process_flags = [f for f in args.flags if f.name == "process"]
+    if process_flags:
+        path = process_flags[-1].value
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_PROCESS + 1)
+            process = fastjson.loads(data) if len(data) <= MAX_PROCESS else None
+        except (OSError, ValueError):
+            return argv  # runc reports the unreadable file itself
+        if not isinstance(process, dict):
+            return argv
+        env = process.get("env")
+        env = [e for e in env if isinstance(e, str)] if isinstance(env, list) else []
+        process["env"] = merge_env(env, exec_env(env, entries, uuids))
+        fd = _process_fd(fastjson.dumps(process).encode(), _keep_below(args))
+        spans = {i for f in process_flags for i in range(f.start, f.end)}
+        last = process_flags[-1].start
+        out = []
+        for i, token in enumerate(argv):
+            if i == last:
+                out.append(f"--process=/proc/self/fd/{fd}")
+            elif i not in spans:
+                out.append(token)
+        return out
+    added = [f"--env={e}" for e in exec_env(args.values("env"), entries, uuids)]
+    return [*argv[: args.flags_end], *added, *argv[args.flags_end :]]

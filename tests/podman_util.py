@@ -128,18 +128,35 @@ def podman_run(
     in the private ``/run`` (a driver root at ``/run/nvidia/driver``, an MPS pipe dir...).
     The caller checks ``returncode``, ``stdout`` and ``stderr``.
     """
-    state = os.path.join(os.fspath(tmp_path), "podman-state")
-    names = ("root", "volumes", "networks", "hooks", "host-run")
-    dirs = {name: os.path.join(state, name) for name in names}
-    for path in dirs.values():
-        os.makedirs(path, exist_ok=True)
     if "--" in args:
         cut = args.index("--")
         run_opts, command = list(args[:cut]), list(args[cut + 1 :])
     else:
         run_opts, command = [], list(args)
-    podman = shutil.which("podman") or "/usr/bin/podman"
     argv = [
+        *podman_command(tmp_path, hooks_dir, runtime),
+        "run", "--rm",
+        "--network", "none",
+        "--ulimit", "nofile=1024:1024",
+        "--ulimit", "nproc=1024:1024",
+        *run_opts,
+        "--rootfs", os.path.abspath(rootfs),
+        *command,
+    ]  # fmt: skip
+    return in_podman_namespace(tmp_path, argv, cdi_dir, env, keep_run, timeout)
+
+
+def podman_command(
+    tmp_path: str | os.PathLike, hooks_dir: str | None = None, runtime: str = "runc"
+) -> list[str]:
+    """``podman`` with the global options that keep its state under ``tmp_path``."""
+    state = os.path.join(os.fspath(tmp_path), "podman-state")
+    names = ("root", "volumes", "networks", "hooks", "host-run")
+    dirs = {name: os.path.join(state, name) for name in names}
+    for path in dirs.values():
+        os.makedirs(path, exist_ok=True)
+    podman = shutil.which("podman") or "/usr/bin/podman"
+    return [
         podman,
         "--root", dirs["root"],
         "--runroot", "/run/podman-test/runroot",  # private tmpfs; podman wants <= 50 chars
@@ -151,14 +168,22 @@ def podman_run(
         "--events-backend", "none",
         "--cgroup-manager", "cgroupfs",
         "--runtime", runtime,
-        "run", "--rm",
-        "--network", "none",
-        "--ulimit", "nofile=1024:1024",
-        "--ulimit", "nproc=1024:1024",
-        *run_opts,
-        "--rootfs", os.path.abspath(rootfs),
-        *command,
     ]  # fmt: skip
+
+
+def in_podman_namespace(
+    tmp_path: str | os.PathLike,
+    argv: list[str],
+    cdi_dir: str | None = None,
+    env: dict[str, str] | None = None,
+    keep_run: Sequence[str] = (),
+    timeout: float = 180,
+) -> subprocess.CompletedProcess:
+    """Run ``argv`` (podman, or a shell running several podman commands) in the private
+    mount namespace described in the module docstring; text output captured.
+    ``tmp_path``: where ``podman_command`` keeps podman's state for this test."""
+    host_run = os.path.join(os.fspath(tmp_path), "podman-state", "host-run")
+    os.makedirs(host_run, exist_ok=True)
     cdi = os.path.abspath(cdi_dir) if cdi_dir else ""
     if cdi.startswith(("/run/", "/var/run/", "/dev/shm/")):
         raise ValueError(f"{cdi_dir}: the CDI dir must not live under /run or /dev/shm")
@@ -171,7 +196,7 @@ def podman_run(
         if not path.startswith("/run/"):
             raise ValueError(f"{path}: keep_run takes paths under /run")
         keep.append(path)
-    full += [_NAMESPACE_SCRIPT, "podman-ns", cdi, dirs["host-run"], str(len(keep)), *keep, *argv]
+    full += [_NAMESPACE_SCRIPT, "podman-ns", cdi, host_run, str(len(keep)), *keep, *argv]
     return subprocess.run(
         full,
         env={**PODMAN_BASE_ENV, **(env or {})},

@@ -17,7 +17,7 @@ SHARED_SCHEMA = os.path.join(REPO, "..", "shared", "reference", "cdi-schema")
 PACKAGED_SCHEMA = os.path.join(REPO, "nvshim", "cdi", "schema")
 
 
-def generate(sim, *args: str, hook_path: str = "/usr/local/bin/nvshim-hook"):
+def generate(sim, *args: str, hook_path: str = "/usr/local/bin/nvshim-hook", env=None):
     proc = run_nvshim(
         "cdi",
         "generate",
@@ -28,6 +28,7 @@ def generate(sim, *args: str, hook_path: str = "/usr/local/bin/nvshim-hook"):
         "--hook-path",
         hook_path,
         *args,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     return proc
@@ -217,7 +218,18 @@ def test_podman_consumes_the_spec(sim_hosts, launchers, tmp_path):
     sim = sim_hosts("h100x8-mig")
     cdi_dir = tmp_path / "cdi"
     cdi_dir.mkdir()
-    generate(sim, "-o", str(cdi_dir / "nvidia.yaml"), hook_path=f"{launchers}/nvshim-hook")
+    # the spec's hook entries name this config, so the hook logs under tmp_path
+    config = tmp_path / "nvshim.toml"
+    config.write_text(
+        f'[runtime]\nlog-file = "{tmp_path}/nvshim.log"\nstate-dir = "{tmp_path}/state"\n'
+    )
+    generate(
+        sim,
+        "-o",
+        str(cdi_dir / "nvidia.yaml"),
+        hook_path=f"{launchers}/nvshim-hook",
+        env={"NVSHIM_CONFIG": str(config)},
+    )
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     ver = sim.driver_version
     script = (
@@ -238,6 +250,7 @@ def test_podman_consumes_the_spec(sim_hosts, launchers, tmp_path):
     assert not {f"nvidia{i}" for i in (0, 2, 3, 4, 5, 6, 7)} & set(listed)
     assert "LIB-OK" in listed and "BIN-OK" in listed
     assert f"libcuda.so.{ver}" in listed
+    assert "create-symlinks" in (tmp_path / "nvshim.log").read_text()  # its own log
 
     # a MIG device: its parent's node and its two capability nodes, nothing else
     gpu6 = sim.topology["gpus"][6]

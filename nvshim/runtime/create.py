@@ -13,18 +13,26 @@ from nvshim.oci.bundle import load_spec
 TOOL = "nvshim-runtime"
 
 
-def mark_prepared(container_id: str) -> None:
-    """Leave the marker the front looks for. Without it an exec would escape the
-    enforcement, so failing to write it fails the create."""
+def mark_prepared(container_id: str, prepared: bool = True) -> None:
+    """Leave (or, for a container asking for no GPU, remove a stale) marker the front
+    looks for. Without it an exec would escape the enforcement, so failing to write it
+    fails the create."""
     from nvshim.runtime import MARKER_DIR
     from nvshim.trusted import CACHE_DIR
 
     if "/" in container_id or container_id in ("", ".", ".."):
         return
     directory = os.path.join(CACHE_DIR, MARKER_DIR)
+    path = os.path.join(directory, container_id)
+    if not prepared:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        os.close(os.open(os.path.join(directory, container_id), os.O_CREAT | os.O_WRONLY, 0o644))
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
     except OSError as err:
         raise NvshimError(f"{directory}: cannot write the exec marker: {err.strerror}") from None
 
@@ -45,6 +53,8 @@ def prepare_bundle(bundle: str, container_id: str) -> Config:
     except NvshimError as err:
         log_decision(log_file, TOOL, container_id, error=str(err), echo=False, bundle=bundle)
         raise
+    if selection is None or selection.edits.is_empty():
+        mark_prepared(container_id, prepared=False)
     if selection is None:
         return config
     if selection.edits.is_empty():

@@ -111,10 +111,15 @@ def _keep_below(args) -> int:
     total = 3
     for raw in (args.value("preserve-fds"), os.environ.get("LISTEN_FDS")):
         try:
-            total += max(0, int(raw or 0, 0))
+            total += max(0, int(raw, 0)) if raw else 0
         except ValueError:
             pass
     return total + 64
+
+
+def _form(argv: list[str], flag) -> str:
+    """The name a flag was given by (``e`` or ``env``...)."""
+    return argv[flag.start].lstrip("-").split("=", 1)[0]
 
 
 def rewrite_exec(args, argv: list[str]) -> list[str]:
@@ -144,10 +149,12 @@ def rewrite_exec(args, argv: list[str]) -> list[str]:
         last = process_flags[-1].start
         out = []
         for i, token in enumerate(argv):
-            if i == last:
-                out.append(f"--process=/proc/self/fd/{fd}")
+            if i == last:  # the form the caller used: runc refuses -p and --process together
+                out.append(f"-{_form(argv, process_flags[-1])}=/proc/self/fd/{fd}")
             elif i not in spans:
                 out.append(token)
         return out
-    added = [f"--env={e}" for e in exec_env(args.values("env"), entries, uuids)]
+    given = [f for f in args.flags if f.name == "env"]
+    form = _form(argv, given[-1]) if given else "env"
+    added = [f"-{form}={e}" for e in exec_env(args.values("env"), entries, uuids)]
     return [*argv[: args.flags_end], *added, *argv[args.flags_end :]]

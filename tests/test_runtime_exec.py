@@ -1,0 +1,170 @@
+"""Enforcement on exec: a process started by ``runc exec`` (arguments and ``--env``, or a
+process file) or ``podman exec`` in a container nvshim prepared gets the variables its
+first process got; a container nvshim did not prepare is handed on untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from tests.podman_util import in_podman_namespace, podman_command
+from tests.runc_util import RUNC_ENV, make_bundle
+from tests.test_mps_enforce import GPU1, GPU2, shared_host  # noqa: F401 - fixture
+
+SLEEP = ["/bin/busybox", "sleep", "120"]
+PIPE = "/run/nvidia-mps"
+
+
+def _env_of(stdout: str) -> dict[str, str]:
+    """``env`` output; HOME left out (runc adds it when the process has none)."""
+    env = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+    env.pop("HOME", None)
+    return env
+
+
+class Containers:
+    """Containers created through nvshim-runtime and real runc, removed at the end."""
+
+    def __init__(self, host, tmp_path):
+        self.host = host
+        self.tmp = tmp_path
+        self.root = str(tmp_path / "runc-root")
+        self.runtime = os.path.join(host.launchers, "nvshim-runtime")
+        self.ids: list[str] = []
+
+    def call(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        env = {**RUNC_ENV, "NVSHIM_CONFIG": self.host.config()}
+        proc = subprocess.run(
+            [self.runtime, "--root", self.root, *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
+        assert not check or proc.returncode == 0, (argv, proc.stdout, proc.stderr)
+        return proc
+
+    def start(self, env: dict[str, str]) -> str:
+        cid = f"exec-{os.getpid()}-{len(self.ids)}"
+        bundle = make_bundle(self.tmp, self.host.rootfs, SLEEP, env=env, name=cid)
+        log = open(self.tmp / f"{cid}.out", "w")
+        created = subprocess.run(
+            [self.runtime, "--root", self.root, "create", "--bundle", bundle, cid],
+            env={**RUNC_ENV, "NVSHIM_CONFIG": self.host.config()},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            timeout=60,
+        )
+        assert created.returncode == 0, (self.tmp / f"{cid}.out").read_text()
+        self.ids.append(cid)
+        self.call("start", cid)
+        return cid
+
+    def exec_env(self, cid: str, *flags: str) -> dict[str, str]:
+        return _env_of(self.call("exec", *flags, cid, "/bin/busybox", "env").stdout)
+
+    def process_file(self, env: list[str]) -> str:
+        path = self.tmp / f"process-{len(os.listdir(self.tmp))}.json"
+        process = {"args": ["/bin/busybox", "env"], "cwd": "/", "env": env, "user": {"uid": 0}}
+        path.write_text(json.dumps(process, indent=2))
+        return str(path)
+
+    def cleanup(self) -> None:
+        for cid in self.ids:
+            self.call("delete", "--force", cid, check=False)
+
+
+@pytest.fixture
+def containers(shared_host, tmp_path):  # noqa: F811 - the imported fixture
+    c = Containers(shared_host, tmp_path)
+    yield c
+    c.cleanup()
+
+
+@pytest.mark.parametrize("gpu, shared", [(GPU1, True), (GPU2, False)])
+def test_runc_exec_gets_the_first_process_variables(containers, gpu, shared):
+    cid = containers.start({"NVIDIA_VISIBLE_DEVICES": gpu})
+    first = containers.exec_env(cid)  # exec with arguments inherits config.json's env
+    assert first["CUDA_VISIBLE_DEVICES"] == gpu
+    mps = {k: v for k, v in first.items() if k.startswith("CUDA_MPS_")}
+    assert bool(mps) == shared
+    if shared:
+        assert mps["CUDA_MPS_PIPE_DIRECTORY"] == PIPE
+
+    # --env cannot widen or escape: CVD replaced unless it names injected devices
+    want_pipe = PIPE if shared else "/tmp/own"
+    for form in ("-e", "--env", "-env"):  # runc refuses two forms: ours follow the caller's
+        escaped = containers.exec_env(
+            cid, form, "CUDA_VISIBLE_DEVICES=all", f"{form}=CUDA_MPS_PIPE_DIRECTORY=/tmp/own"
+        )
+        assert escaped["CUDA_VISIBLE_DEVICES"] == gpu
+        assert escaped["CUDA_MPS_PIPE_DIRECTORY"] == want_pipe
+    assert containers.exec_env(cid, "-e", "CUDA_VISIBLE_DEVICES=0")["CUDA_VISIBLE_DEVICES"] == "0"
+
+    # a process file (what podman, containerd and CRI-O hand runc) gets them too
+    path = containers.process_file(["PATH=/bin", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"])
+    before = open(path, "rb").read()
+    for flags in (
+        ["--process", path],
+        ["-p", path],
+        ["--process=/nonexistent", f"-process={path}"],
+    ):
+        env = _env_of(containers.call("exec", *flags, cid).stdout)
+        assert env["CUDA_VISIBLE_DEVICES"] == gpu and env["PATH"] == "/bin"
+        assert {k: v for k, v in env.items() if k.startswith("CUDA_MPS_")} == (
+            mps if shared else {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}
+        )
+    assert open(path, "rb").read() == before  # the engine's file is never written
+
+
+def test_unprepared_container_process_file_untouched(containers):
+    cid = containers.start({"CUDA_VISIBLE_DEVICES": "all"})  # asks for no GPU
+    assert not os.path.exists(os.path.join(os.environ["NVSHIM_CACHE_DIR"], "exec", cid))
+    env = ["PATH=/bin", "CUDA_VISIBLE_DEVICES=7", "CUDA_MPS_PIPE_DIRECTORY=/x"]
+    path = containers.process_file(env)
+    got = _env_of(containers.call("exec", "-p", path, cid).stdout)
+    assert got == dict(e.split("=", 1) for e in env)
+    # a stale marker (an earlier GPU container of the same id) only costs a Python start
+    marker = os.path.join(os.environ["NVSHIM_CACHE_DIR"], "exec", cid)
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    open(marker, "w").close()
+    got = _env_of(containers.call("exec", "-p", path, cid).stdout)
+    assert got == dict(e.split("=", 1) for e in env)
+
+
+@pytest.mark.parametrize("gpu, shared", [(GPU1, True), (GPU2, False)])
+def test_podman_exec(shared_host, tmp_path, gpu, shared):  # noqa: F811
+    # podman hands its runtime a clean environment: name nvshim's config in a wrapper
+    wrapper = tmp_path / "nvshim-runtime"
+    wrapper.write_text(
+        f"#!/bin/sh\nNVSHIM_CONFIG={shared_host.config()}"
+        f" NVSHIM_CACHE_DIR={os.environ['NVSHIM_CACHE_DIR']}"
+        f' exec {shared_host.launchers}/nvshim-runtime "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    podman = shlex.join(podman_command(tmp_path, runtime=str(wrapper)))
+    name = f"nvx{os.getpid()}"
+    script = (
+        f"{podman} run -d --name {name} --network none --ulimit nofile=1024:1024"
+        f" --ulimit nproc=1024:1024 -e NVIDIA_VISIBLE_DEVICES={gpu}"
+        f" --rootfs {shared_host.rootfs} {shlex.join(SLEEP)} >/dev/null && "
+        f"{podman} exec {name} /bin/busybox env; echo ---; "
+        f"{podman} exec -e CUDA_VISIBLE_DEVICES=all -e CUDA_MPS_PIPE_DIRECTORY=/tmp/own"
+        f" {name} /bin/busybox env; rc=$?; {podman} rm -f -t 0 {name} >/dev/null; exit $rc"
+    )
+    proc = in_podman_namespace(tmp_path, ["/bin/sh", "-c", script])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plain, widened = (_env_of(part) for part in proc.stdout.split("---\n"))
+    for env in (plain, widened):
+        assert env["CUDA_VISIBLE_DEVICES"] == gpu
+    if shared:
+        assert plain["CUDA_MPS_PIPE_DIRECTORY"] == widened["CUDA_MPS_PIPE_DIRECTORY"] == PIPE
+    else:
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in plain
+        assert widened["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/own"

@@ -26,6 +26,16 @@ def pytest_configure(config):
     _GUARD.enter()
 
 
+@pytest.fixture(autouse=True)
+def _leaves_host_alone():
+    """Each test: no host path of nvshim's written (see tests/hostguard.py)."""
+    before = set(_GUARD.written())
+    yield
+    new = sorted(set(_GUARD.written()) - before)
+    if new:
+        pytest.fail(f"the test wrote host paths: {', '.join(new)}")
+
+
 def pytest_sessionfinish(session, exitstatus):
     written = _GUARD.written()
     if written:
@@ -59,7 +69,7 @@ def launchers(tmp_path_factory) -> str:
     from nvshim.launch import write_launchers
 
     bin_dir = str(tmp_path_factory.mktemp("bin"))
-    write_launchers(bin_dir)
+    write_launchers(bin_dir, cache_dir=os.environ["NVSHIM_CACHE_DIR"])
     return bin_dir
 
 

@@ -265,7 +265,8 @@ def apply_edits_hook(
 ) -> tuple[dict[str, Any], str]:
     """A prestart hook entry that applies constructed ``edits`` (a ContainerEdits) with
     nvshim.hook's application code; returns (OCI hook object, path of its JSON result)."""
-    from nvshim.launch import HOOK_ENV, import_roots, real_interpreter
+    from nvshim.hook.entries import HOOK_ENV
+    from nvshim.launch import import_roots, real_interpreter
 
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -277,7 +278,7 @@ def apply_edits_hook(
         fh.write(_APPLY_SCRIPT.format(roots=import_roots()))
     out = os.path.join(directory, "applied.json")
     args = ["python3", "-I", "-S", script, edits_file, config, out, "full" if cgroup else "bare"]
-    return {"path": real_interpreter(), "args": args, "env": list(HOOK_ENV)}, out
+    return {"path": real_interpreter(), "args": args, "env": [*HOOK_ENV, *_cache_env()]}, out
 
 
 def run_hook_direct(
@@ -360,3 +361,14 @@ def in_private_mount_ns(fn) -> dict[str, Any]:
     os.close(read_end)
     os.waitpid(pid, 0)
     return json.loads(data or b'{"error": "child died"}')
+
+
+def hook_env_names() -> str:
+    """The ``hook_env`` field the hook logs for entries made by ``hook_entry`` here."""
+    from nvshim.hook.entries import hook_env
+
+    return ",".join(sorted(entry.split("=", 1)[0] for entry in hook_env()))
+
+
+def _cache_env() -> list[str]:
+    return [f"{k}={v}" for k, v in CACHE_ENV.items()]

@@ -18,7 +18,7 @@ from nvshim.cdi.validate import load_spec_file, validate_files, validate_spec
 from nvshim.cdi.version import spec_min_version, version_key
 from nvshim.edits import ContainerEdits, DeviceNode, Mount
 from nvshim.errors import NvshimError
-from nvshim.launch import HOOK_ENV, hook_entry
+from nvshim.hook.entries import hook_entry, hook_env
 
 sys.path.insert(0, os.path.dirname(__file__))
 from podman_util import make_busybox_rootfs, podman_run  # noqa: E402
@@ -490,7 +490,7 @@ def test_spec_from_edits_round_trips_through_yaml_and_json(tmp_path):
     }
     spec = {"cdiVersion": spec_min_version(spec), **spec}
     assert spec["cdiVersion"] == "0.5.0"
-    assert spec["containerEdits"]["hooks"][0]["env"] == list(HOOK_ENV)
+    assert spec["containerEdits"]["hooks"][0]["env"] == list(hook_env())
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     (tmp_path / "s.json").write_text(json.dumps(spec, indent=2))
     loaded = [load_spec_file(str(tmp_path / n)) for n in ("s.yaml", "s.json")]

@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-from nvshim.launch import HOOK_ENV, hook_entry
+from nvshim.hook.entries import HOOK_ENV, hook_entry
 from nvshim.ldcache import parse_ld_cache
 from tests.podman_util import podman_run
 from tests.runc_util import (
+    hook_env_names,
     make_bundle,
     make_busybox_rootfs,
     read_log,
@@ -96,7 +97,7 @@ def test_prestart_injects_a_requested_gpu_through_runc(tmp_path, launchers, gpu_
     (record,) = read_log(log)
     assert record["step"] == "prestart" and record["devices"] == host.gpu_uuids()[0]
     assert record["env_not_applied"] == "CUDA_VISIBLE_DEVICES"
-    assert record["ldcache"] == "updated" and record["hook_env"] == "LC_ALL,PATH"
+    assert record["ldcache"] == "updated" and record["hook_env"] == hook_env_names()
 
 
 def test_shipped_hooks_json_runs_prestart_under_podman(tmp_path, launchers, gpu_host):

@@ -10,8 +10,8 @@ import pytest
 from nvshim.cdi.validate import validate_spec
 from nvshim.config import load_config
 from nvshim.errors import UsageError
+from nvshim.hook.entries import hook_env
 from nvshim.host.discover import discover_host
-from nvshim.launch import HOOK_ENV
 from nvshim.mps.cdi import shared_spec
 from tests.conftest import run_nvshim
 from tests.podman_util import make_busybox_rootfs, podman_run
@@ -82,7 +82,7 @@ def test_daemon_check_hook_and_time_slicing(cdi_host, tmp_path):
             "hookName": "createRuntime",
             "path": "/usr/local/bin/nvshim-hook",
             "args": ["nvshim-hook", "mps-check", GPU1],
-            "env": list(HOOK_ENV),
+            "env": list(hook_env()),
         }
     ]
 

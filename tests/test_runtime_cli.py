@@ -219,7 +219,9 @@ def front(tmp_path, sim_hosts):
     counter.write_text(_COUNTER.format(log=log, python=real_interpreter()))
     counter.chmod(0o755)
     bin_dir = tmp_path / "bin"
-    write_launchers(str(bin_dir), interpreter=str(counter))
+    write_launchers(
+        str(bin_dir), interpreter=str(counter), cache_dir=os.environ["NVSHIM_CACHE_DIR"]
+    )
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     calls = tmp_path / "runc-calls"
     fake = tmp_path / "fake-runc"

@@ -7,7 +7,8 @@ import os
 
 import click
 
-from nvshim.launch import HOOK_ENV, write_launchers
+from nvshim.hook.entries import HOOK_ENV
+from nvshim.launch import write_launchers
 
 
 def hook_file_text(hook_path: str) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 
 from nvshim.edits import ContainerEdits, DeviceNode, Mount
+from nvshim.hook.entries import hook_entry
 from nvshim.host import driver_files as df
 from nvshim.host.model import DriverFile, Gpu, Host, MigDevice, NodeInfo
-from nvshim.launch import hook_entry
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:

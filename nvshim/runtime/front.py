@@ -35,8 +35,10 @@ def _names(table: dict[str, int], kind: int, skip=()) -> list[str]:
     return [n for n, k in table.items() if k == kind and n not in skip]
 
 
-def front_text(interpreter: str, code: str) -> str:
-    """The script: ``interpreter -IS -c code $0 ARGS`` for what Python must see."""
+def front_text(interpreter: str, code: str, cache_dir: str | None = None) -> str:
+    """The script: ``interpreter -IS -c code $0 ARGS`` for what Python must see.
+    ``cache_dir``: the default for ``NVSHIM_CACHE_DIR`` (nvshim's own when None)."""
+    default = cache_dir or DEFAULT_CACHE_DIR
     g_bool = _names(GLOBAL_FLAGS, BOOL, ("help", "h", "version", "v"))
     g_value = _names(GLOBAL_FLAGS, VALUE)
     e_bool = _names(COMMAND_FLAGS["exec"], BOOL, ("help", "h"))
@@ -46,8 +48,8 @@ def front_text(interpreter: str, code: str) -> str:
 # container nvshim prepared, and anything this script cannot classify start Python;
 # every other call is exec'd into the low-level runtime.
 py() {{ exec {sh_quote(interpreter)} -IS -c {sh_quote(code)} "$0" "$@"; }}
-c=${{NVSHIM_CACHE_DIR:-{DEFAULT_CACHE_DIR}}}
-case $c in /*) ;; *) c={DEFAULT_CACHE_DIR} ;; esac
+c=${{NVSHIM_CACHE_DIR:-{sh_quote(default)}}}
+case $c in /*) ;; *) c={sh_quote(default)} ;; esac
 s=g h= v= cmd= id= n=0
 for a do
   n=$((n + 1))

@@ -1,0 +1,64 @@
+"""OCI hook entries that run ``nvshim-hook``, for the specs nvshim writes (CDI, the
+runtime's ``config.json``, hooks.d). Writers import this; the hook itself never does."""
+
+from __future__ import annotations
+
+import os
+
+from nvshim.edits import Hook
+from nvshim.hook import FINISHERS, STEP_SEPARATOR
+
+# The whole environment hook processes get: nothing from the container.
+HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8")
+# nvshim's own settings passed on from the process writing an entry (never the container)
+PASSED_ON = ("NVSHIM_CONFIG", "NVSHIM_CACHE_DIR")
+
+
+def hook_env() -> tuple[str, ...]:
+    """``HOOK_ENV`` plus the ``PASSED_ON`` variables set in this process."""
+    return HOOK_ENV + tuple(f"{n}={os.environ[n]}" for n in PASSED_ON if os.environ.get(n))
+
+
+def hook_entry(hook_path: str, hook_name: str, *args: str) -> Hook:
+    """An OCI hook entry running ``nvshim-hook <args>`` with the minimal explicit env.
+
+    A non-default nvshim config or cache directory (``NVSHIM_CONFIG``,
+    ``NVSHIM_CACHE_DIR`` of the process writing the entry, an operator's choice, never
+    the container's) is passed on so the hook uses the same ones.
+    """
+    return Hook(hook_name=hook_name, path=hook_path, args=("nvshim-hook", *args), env=hook_env())
+
+
+def fold_finishers(hooks: list[Hook]) -> list[Hook]:
+    """Fold nvshim-hook finishing-step entries sharing a stage, path and env into one
+    ``nvshim-hook finish STEP ARGS + STEP ARGS ...`` entry: one process per container
+    instead of one per step. Other hooks keep their place."""
+    out: list[Hook] = []
+    folded: dict[tuple, int] = {}
+    for hook in hooks:
+        args = list(hook.args)
+        if len(args) < 2 or args[0] != "nvshim-hook" or args[1] not in FINISHERS:
+            out.append(hook)
+            continue
+        key = (hook.hook_name, hook.path, hook.env, hook.timeout)
+        if key not in folded:
+            folded[key] = len(out)
+            out.append(
+                Hook(
+                    hook.hook_name,
+                    hook.path,
+                    ("nvshim-hook", "finish", *args[1:]),
+                    hook.env,
+                    hook.timeout,
+                )
+            )
+            continue
+        first = out[folded[key]]
+        out[folded[key]] = Hook(
+            first.hook_name,
+            first.path,
+            (*first.args, STEP_SEPARATOR, *args[1:]),
+            first.env,
+            first.timeout,
+        )
+    return out

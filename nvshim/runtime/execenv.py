@@ -30,9 +30,9 @@ def runc_root(global_root: str | None) -> str:
     return "/run/runc"
 
 
-def container_labels(root: str, container_id: str) -> dict[str, str] | None:
-    """The labels (annotations) runc keeps for ``container_id``; None when there is no
-    such container (or the id is not one runc accepts)."""
+def runc_state(root: str, container_id: str) -> dict | None:
+    """runc's ``state.json`` of ``container_id`` (None when there is no such container or
+    the id is not one runc accepts)."""
     if "/" in container_id or container_id in ("", ".", ".."):
         return None
     path = os.path.join(root, container_id, "state.json")
@@ -46,7 +46,13 @@ def container_labels(root: str, container_id: str) -> dict[str, str] | None:
         state = fastjson.loads(data) if len(data) <= MAX_STATE else None
     except ValueError:
         state = None
-    config = state.get("config") if isinstance(state, dict) else None
+    return state if isinstance(state, dict) else None
+
+
+def container_labels(root: str, container_id: str) -> dict[str, str] | None:
+    """The labels (annotations) runc keeps for ``container_id``, or None."""
+    state = runc_state(root, container_id)
+    config = state.get("config") if state is not None else None
     labels = config.get("labels") if isinstance(config, dict) else None
     if not isinstance(labels, list):
         return None

@@ -84,7 +84,9 @@ def inner(work: str, rounds: int) -> None:
             fh.write(f'#!/bin/sh\nexec {target} "$@"\n')
         os.chmod(path, 0o755)
         wrappers[name] = path
-    podman = {n: podman_command(os.path.join(work, "podman"), runtime=w) for n, w in wrappers.items()}
+    podman = {
+        n: podman_command(os.path.join(work, "podman"), runtime=w) for n, w in wrappers.items()
+    }
     scratch = "/run/nvshim-bench"  # the namespace's private tmpfs: bundles as containerd keeps them
     state = os.path.join(scratch, "state")
     os.makedirs(state, exist_ok=True)
@@ -97,18 +99,19 @@ def inner(work: str, rounds: int) -> None:
     def create_once(binary: str, n: str) -> float:
         bundle = make_bundle(scratch, rootfs, ["/bin/true"], env=gpu, name=f"b-{n}")
         cid = f"bench-{n}"
-        with open(os.devnull, "w") as null:
+        errors = os.path.join(scratch, "create.err")
+        with open(errors, "w") as err:  # a file: the created process keeps its stdio open
             start = time.perf_counter()
             proc = subprocess.run(
                 [binary, "--root", state, "create", "--bundle", bundle, cid],
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=null,
-                stderr=subprocess.PIPE,
+                stdout=err,
+                stderr=err,
             )
             elapsed = time.perf_counter() - start
         if proc.returncode != 0:
-            raise SystemExit(f"{binary} create: {proc.stderr.decode().strip()}")
+            raise SystemExit(f"{binary} create: {open(errors).read().strip()}")
         subprocess.run([RUNC, "--root", state, "delete", "--force", cid], check=True)
         shutil.rmtree(bundle)
         return elapsed

@@ -102,8 +102,14 @@ fi
 f=$c/{FRONT_CACHE}
 cfg=${{NVSHIM_CONFIG:-{DEFAULT_CONFIG}}}
 [ -f "$f" ] && [ ! -L "$f" ] && [ -O "$f" ] || py "$@"
-{{ IFS= read -r l1; IFS= read -r l2; IFS= read -r l3; IFS= read -r l4; IFS= read -r rt; }} <"$f"
-[ "$l1" = {sh_quote(f"nvshim {__version__}")} ] && [ "$l2" = "$cfg" ] && [ "$l4" = "${{PATH-}}" ] \\
+rt=
+{{
+  IFS= read -r l1; IFS= read -r l2; IFS= read -r l3
+  while IFS= read -r p && IFS= read -r r; do
+    [ "$p" = "${{PATH-}}" ] && {{ rt=$r; break; }}
+  done
+}} <"$f"
+[ "$l1" = {sh_quote(f"nvshim {__version__}")} ] && [ "$l2" = "$cfg" ] && [ -n "$rt" ] \\
   && [ -f "$rt" ] && [ -x "$rt" ] || py "$@"
 if [ -e "$cfg" ]; then
   [ "$l3" = present ] && [ "$f" -nt "$cfg" ] || py "$@"

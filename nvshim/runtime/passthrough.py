@@ -1,9 +1,10 @@
 """The low-level runtime for calls nvshim does not edit, and the cache the ``nvshim-runtime``
 front (a POSIX sh script, ``nvshim.launch``) reads so that those calls never start Python.
 
-The cache file (``runtime-front`` in the cache directory) has five lines: nvshim's
-version, the configuration file's path, ``present`` or ``missing`` (that file), ``PATH``,
-and the resolved runtime. The front uses it only when it is a regular file owned by the
+The cache file (``runtime-front`` in the cache directory) has three lines: nvshim's
+version, the configuration file's path, ``present`` or ``missing`` (that file); then a
+``PATH`` line and the runtime resolved with it, for up to ``MAX_PATHS`` callers' PATHs.
+The front uses it only when it is a regular file owned by the
 caller, every line matches its own call, the runtime is still executable and the file is
 newer than the configuration file (a config edit misses the cache until Python resolves
 the runtime again). Python writes it only when no value holds a newline.
@@ -16,6 +17,8 @@ import os
 from nvshim import __version__
 from nvshim.runtime import DEFAULT_CONFIG, FRONT_CACHE
 from nvshim.trusted import CACHE_DIR
+
+MAX_PATHS = 8
 
 
 def config_file() -> str:
@@ -43,14 +46,23 @@ def resolve_and_remember() -> str:
     path = config_file()
     before = _identity(path)
     runtime = resolve(None)
-    values = (f"nvshim {__version__}", path, "missing" if before is None else "present")
-    values += (os.environ.get("PATH", ""), runtime)
-    if any("\n" in v for v in values):
+    head = [f"nvshim {__version__}", path, "missing" if before is None else "present"]
+    mine = [os.environ.get("PATH", ""), runtime]
+    if any("\n" in v for v in (*head, *mine)):
         return runtime
     from nvshim.filecache import write_entry
+    from nvshim.trusted import read_trusted
 
     entry = entry_file()
-    write_entry(entry, "".join(f"{v}\n" for v in values).encode("utf-8", "surrogateescape"))
+    # one (PATH, runtime) pair per caller's PATH (engines differ), the newest first
+    raw = read_trusted(entry, 1 << 16) or b""
+    lines = raw.decode("utf-8", "surrogateescape").split("\n")[:-1]
+    pairs = [mine]
+    if lines[:3] == head:
+        old = lines[3:]
+        pairs += [old[i : i + 2] for i in range(0, len(old) - 1, 2) if old[i] != mine[0]]
+    text = "".join(f"{v}\n" for v in head + [v for pair in pairs[:MAX_PATHS] for v in pair])
+    write_entry(entry, text.encode("utf-8", "surrogateescape"))
     if _identity(path) != before:  # edited while we read it: the entry may be stale
         try:
             os.unlink(entry)

@@ -32,6 +32,7 @@ from nvshim.engines.common import (
 from nvshim.engines.records import apply_edits, revert_records
 from nvshim.engines.restart import find_systemctl, restart, socket_owner
 from nvshim.engines.settings import Settings
+from nvshim.host.rootpath import host_path
 from nvshim.record import field, record
 
 ENGINE_MODULES: dict[str, ModuleType] = {
@@ -78,7 +79,7 @@ def _check_restart(s: Settings) -> None:
     if s.restart == "signal":
         socket_owner(s.socket)
     elif s.restart == "systemd":
-        find_systemctl()
+        find_systemctl(s.host_root)
 
 
 def configure(s: Settings) -> Report:
@@ -93,7 +94,7 @@ def configure(s: Settings) -> Report:
         states = {path: load_state(path) for path in paths}
         history = {path: st.records if st else [] for path, st in states.items()}
         plan, warnings = engine.plan(s, docs, history)
-        if not os.path.exists(s.runtime_path):
+        if not os.path.exists(host_path(s.host_root, s.runtime_path)):
             warnings.append(f"{s.runtime_path} does not exist yet (see `nvshim install`)")
         changes = []
         for path in paths:
@@ -133,8 +134,10 @@ def _commit_configure(change: _Change) -> str:
         state = FileState(original_sha256=sha256(change.old))
         if change.old is not None:
             notes.append(f"original kept in {write_backup(path, change.old)}")
-    elif sha256(change.old) != state.written_sha256:
-        state.pristine = False  # someone else edited it since nvshim wrote it
+    elif sha256(change.old) not in (state.written_sha256, state.original_sha256):
+        # someone else edited it since nvshim wrote it (the original itself is still
+        # pristine: a run stopped between recording and writing left it in place)
+        state.pristine = False
     if change.old is None:
         state.created_dirs += make_dirs(os.path.dirname(path))
     state.written_sha256 = sha256(change.new)

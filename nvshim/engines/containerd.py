@@ -196,10 +196,12 @@ def runtime_edits(
 
 
 def _covered_by_imports(main: Document, main_path: str, drop_in: str) -> bool:
+    """Whether ``imports`` of ``main`` already names ``drop_in`` (both as containerd sees
+    them)."""
     imports = main.get(("imports",))
     if not isinstance(imports, list):
         return False
-    base = os.path.dirname(os.path.abspath(main_path))
+    base = os.path.dirname(main_path)
     for pattern in imports:
         if isinstance(pattern, str) and pattern:
             full = os.path.normpath(os.path.join(base, pattern))
@@ -265,8 +267,9 @@ def plan(
             f" (version {main_version}); they must match"
         )
     edits[drop_in] += runtime_edits(s, [main, sub], sub_version, history.get(drop_in, []))
-    if not _covered_by_imports(main, s.config, drop_in):
-        edits[s.config].append(Edit(("imports",), drop_in, kind="item", what=f"imported {drop_in}"))
+    shown = s.on_host(drop_in)  # the path containerd reads
+    if not _covered_by_imports(main, s.on_host(s.config), shown):
+        edits[s.config].append(Edit(("imports",), shown, kind="item", what=f"imported {shown}"))
     return edits, warnings
 
 
@@ -282,7 +285,7 @@ def claims(s: Settings, path: str, doc: Document) -> list[dict]:
                 "guess": True,
                 "kind": "item",
                 "keys": ["imports"],
-                "after": drop_in,
+                "after": s.on_host(drop_in),
             }
         ]
     cri = CRI_PLUGIN[config_version(doc)]

@@ -1,0 +1,237 @@
+"""The installer's steps, each safe to repeat after a crash, and their undo.
+
+Order on install: nvshim's files on the host, its config (and the sharing config), the
+CDI spec, then the engine (configure, restart). Uninstall runs the other way. One
+installer at a time per node: :func:`node_lock` holds the pid file locked for the
+installer's whole life, so a second pod on the node waits until the first one is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+
+from nvshim.errors import NvshimError
+from nvshim.node import placed
+from nvshim.node.env import NodeSettings
+
+Say = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def node_lock(
+    s: NodeSettings, say: Say, stop: Callable[[], bool] = lambda: False
+) -> Iterator[bool]:
+    """Hold the node's pid file locked (our pid in it) and remove it on release. Waits
+    while another installer holds it; yields False when ``stop()`` turned true first."""
+    path = s.here(s.pid_file)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    waited = False
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            if not waited:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                say(f"another nvshim installer (pid {holder}) holds {path}; waiting for it")
+                waited = True
+            os.close(fd)
+            if stop():
+                yield False
+                return
+            time.sleep(0.2)
+            continue
+        # the holder before us may have removed the file: then lock the new one instead
+        with contextlib.suppress(FileNotFoundError):
+            now = os.stat(path, follow_symlinks=False)
+            mine = os.fstat(fd)
+            if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def install_files(s: NodeSettings) -> list[str]:
+    """Put nvshim on the host at the prefix: launchers naming host paths, the hook file."""
+    from nvshim.node import hostfiles
+
+    return hostfiles.install(s)
+
+
+def host_config_text(s: NodeSettings, sharing_host_path: str | None) -> bytes:
+    """nvshim's config for the host: the mounted config (or the host's own), with the
+    paths the installer knows and the policy variables set."""
+    import tomlkit
+
+    if s.node_config:
+        base = _read(s.node_config)
+    else:
+        base = (placed.original(s.here(s.host_config)) or b"").decode()
+    doc = tomlkit.parse(base)
+    values = {
+        ("host", "driver-root"): s.driver_root,
+        ("host", "dev-root"): s.dev_root,
+        ("runtime", "hook-path"): s.hook_path,
+    }
+    if sharing_host_path:
+        values[("sharing", "config")] = sharing_host_path
+    for key, value in s.policy.items():
+        values[("runtime" if key == "runtimes" else "policy", key)] = value
+    for (section, key), value in values.items():
+        if section not in doc:
+            doc[section] = tomlkit.table()
+        doc[section][key] = value
+    return tomlkit.dumps(doc).encode()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise NvshimError(f"{path}: cannot read: {getattr(err, 'strerror', err)}") from None
+
+
+def check_inputs(s: NodeSettings) -> None:
+    """Refuse bad mounted files before anything is changed."""
+    from nvshim.config import parse_config
+    from nvshim.mps.sharing import load_sharing_config
+
+    if s.node_config:
+        parse_config(_read(s.node_config).encode(), s.node_config)
+    if s.sharing_config:
+        if not os.path.isfile(s.sharing_config):
+            raise NvshimError(f"{s.sharing_config}: sharing config not found")
+        load_sharing_config(s.sharing_config)
+
+
+def host_configs(s: NodeSettings) -> tuple[str, str]:
+    """Host paths of nvshim's config and of the sharing config it names."""
+    from nvshim.config import DEFAULTS, parse_config
+
+    sharing = str(DEFAULTS["sharing"]["config"])
+    if s.node_config:
+        sharing = parse_config(_read(s.node_config).encode(), s.node_config).get(
+            "sharing", "config"
+        )
+    return s.host_config, sharing
+
+
+def write_configs(s: NodeSettings, say: Say) -> None:
+    config_path, sharing_path = host_configs(s)
+    if s.sharing_config:
+        with open(s.sharing_config, "rb") as fh:
+            say(placed.place(s.here(sharing_path), fh.read()))
+    text = host_config_text(s, sharing_path if s.sharing_config else None)
+    say(placed.place(s.here(config_path), text))
+
+
+def discover(s: NodeSettings):
+    """The host through the installer's paths (for NVML, MPS binaries)."""
+    from nvshim.host.discover import discover_host
+
+    return discover_host(s.driver_root_ctr, s.dev_root_ctr)
+
+
+def write_cdi(s: NodeSettings, say: Say, host) -> None:
+    """The CDI spec (devices by index and by UUID, plus ``all``) naming host paths."""
+    from nvshim.cdi.writer import build_spec, dump_spec
+    from nvshim.config import DEFAULTS
+    from nvshim.node.hostview import rebase_host
+    from nvshim.policy.capabilities import parse_capabilities
+
+    view = rebase_host(
+        host, (s.driver_root_ctr, s.driver_root), (s.dev_root_ctr, s.dev_root)
+    )
+    caps = parse_capabilities(None, str(DEFAULTS["policy"]["default-capabilities"]), [])
+    spec = build_spec(
+        view, caps, s.hook_path, vendor=s.cdi_vendor, cls=s.cdi_class, strategies=("index", "uuid")
+    )
+    say(placed.place(s.here(s.cdi_spec), dump_spec(spec, "yaml").encode()))
+
+
+def configure_engine(s: NodeSettings, say: Say) -> None:
+    """Register the runtime (``nvshim configure``'s code) and make the engine reload; a
+    rerun after a crash that wrote the config but never restarted restarts now."""
+    from nvshim.engines.apply import configure
+    from nvshim.engines.restart import restart
+
+    if s.engine is None:
+        say("engine configuration skipped (NO_RUNTIME_CONFIG or CRI-O hook mode)")
+        return
+    report = configure(s.engine)
+    for line in report.lines:
+        say(line)
+    if not report.changed:
+        say(restart(s.engine))
+
+
+def unconfigure_engine(s: NodeSettings, say: Say) -> None:
+    from nvshim.engines.apply import unconfigure
+
+    if s.engine is None:
+        return
+    for line in unconfigure(s.engine).lines:
+        say(line)
+
+
+def install(s: NodeSettings, say: Say) -> object:
+    """Every install step; returns the discovered host (installer view) or None."""
+    check_inputs(s)
+    for path in install_files(s):
+        say(f"installed {path}")
+    write_configs(s, say)
+    host = None
+    if s.cdi_enabled or s.sharing_config:
+        host = discover(s)
+        for warning in host.warnings:
+            say(f"warning: {warning}")
+    if s.cdi_enabled:
+        write_cdi(s, say, host)
+    configure_engine(s, say)
+    return host
+
+
+def uninstall(s: NodeSettings, say: Say) -> list[str]:
+    """Undo :func:`install`; every step runs even when one before failed. Returns the
+    failures (one line each)."""
+    from nvshim.node import hostfiles
+
+    failures: list[str] = []
+
+    def step(action: Callable[[], None]) -> None:
+        try:
+            action()
+        except (NvshimError, OSError) as err:
+            failures.append(str(err))
+            say(f"error: {err}")
+
+    def take_back(path: str) -> None:
+        line = placed.take_back(s.here(path))
+        if line:
+            say(line)
+
+    step(lambda: unconfigure_engine(s, say))
+    if not s.keep:
+        step(lambda: take_back(s.cdi_spec))
+    config_path, sharing_path = host_configs(s)
+    step(lambda: take_back(config_path))
+    step(lambda: take_back(sharing_path))
+    if not s.keep:
+        step(lambda: [say(f"removed {p}") for p in hostfiles.uninstall(s)])
+    return failures

@@ -18,7 +18,9 @@ def _node_options(func: Callable) -> Callable:
             help="Engine to register with [env RUNTIME; docker].",
         ),
         click.option(
-            "--host-root", metavar="DIR", help="Where the host's / is mounted [HOST_ROOT_MOUNT; /host]."
+            "--host-root",
+            metavar="DIR",
+            help="Where the host's / is mounted [HOST_ROOT_MOUNT; /host].",
         ),
         click.option(
             "--prefix",
@@ -27,7 +29,9 @@ def _node_options(func: Callable) -> Callable:
         ),
         click.option("--config", help="Engine config, a host path [RUNTIME_CONFIG]."),
         click.option("--socket", help="Engine socket, a host path [RUNTIME_SOCKET]."),
-        click.option("--runtime-name", help="Runtime (handler) name [NVIDIA_RUNTIME_NAME; nvshim]."),
+        click.option(
+            "--runtime-name", help="Runtime (handler) name [NVIDIA_RUNTIME_NAME; nvshim]."
+        ),
         click.option(
             "--restart",
             type=click.Choice(["none", "signal", "systemd"]),

@@ -75,9 +75,7 @@ def find_systemctl(host_root: str = "/") -> list[str]:
     """The command running ``systemctl`` (through ``chroot`` into ``host_root`` when that
     is not ``/``: the engine's own systemd); a clear error when there is none."""
     if host_root not in ("", "/"):
-        found = [
-            d for d in ("/usr/bin", "/bin") if os.path.exists(f"{host_root}{d}/systemctl")
-        ]
+        found = [d for d in ("/usr/bin", "/bin") if os.path.exists(f"{host_root}{d}/systemctl")]
         if not found or shutil.which("chroot") is None:
             raise NvshimError(
                 f"systemctl not found in {host_root}: use restart mode signal, or restart"

@@ -56,7 +56,11 @@ ENV: dict[str, dict[str, tuple[str, ...]]] = {
             "NVIDIA_RUNTIME_SET_AS_DEFAULT",
             "CONTAINERD_SET_AS_DEFAULT",
         ),
-        "docker": ("NVSHIM_SET_AS_DEFAULT", "NVIDIA_RUNTIME_SET_AS_DEFAULT", "DOCKER_SET_AS_DEFAULT"),
+        "docker": (
+            "NVSHIM_SET_AS_DEFAULT",
+            "NVIDIA_RUNTIME_SET_AS_DEFAULT",
+            "DOCKER_SET_AS_DEFAULT",
+        ),
         "*": ("NVSHIM_SET_AS_DEFAULT", "NVIDIA_RUNTIME_SET_AS_DEFAULT"),
     },
     "runtime_path": {"*": ("NVSHIM_RUNTIME_PATH",)},

@@ -9,26 +9,29 @@ import os
 from nvshim.host.model import Host
 
 
-def _moved(path: str, pairs: list[tuple[str, str]]) -> str:
-    for seen, real in pairs:
-        if path == seen or path.startswith(seen.rstrip("/") + "/"):
-            rest = path[len(seen.rstrip("/")) :]
-            return os.path.normpath(real.rstrip("/") + rest) if rest else real
+def _moved(path: str, seen: str, real: str) -> str:
+    if path == seen or path.startswith(seen.rstrip("/") + "/"):
+        rest = path[len(seen.rstrip("/")) :]
+        return os.path.normpath(real.rstrip("/") + rest) if rest else real
     return path
 
 
+def _walk(value, pair: tuple[str, str]):
+    if isinstance(value, dict):
+        return {
+            k: _moved(v, *pair) if k == "host_path" and isinstance(v, str) else _walk(v, pair)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(_walk(v, pair) for v in value)
+    return value
+
+
 def rebase_host(host: Host, driver: tuple[str, str], dev: tuple[str, str]) -> Host:
-    """``host`` with every host path under ``driver[0]``/``dev[0]`` (installer view) moved
-    under ``driver[1]``/``dev[1]`` (the host's own paths); the longer root first."""
-    pairs = sorted([driver, dev], key=lambda p: len(p[0]), reverse=True)
-
-    def walk(value, key=None):
-        if isinstance(value, dict):
-            return {k: walk(v, k) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return type(value)(walk(v) for v in value)
-        if key in ("host_path", "driver_root", "dev_root") and isinstance(value, str):
-            return _moved(value, pairs)
-        return value
-
-    return Host.from_dict(walk(host.to_dict()))
+    """``host`` with driver files moved from ``driver[0]`` (installer view) to
+    ``driver[1]`` (the host's own path) and device nodes from ``dev[0]`` to ``dev[1]``."""
+    data = host.to_dict()
+    moved = {k: _walk(v, driver if k == "files" else dev) for k, v in data.items()}
+    moved["driver_root"] = _moved(data["driver_root"], *driver)
+    moved["dev_root"] = _moved(data["dev_root"], *dev)
+    return Host.from_dict(moved)

@@ -97,6 +97,11 @@ def run(s: NodeSettings, daemon: bool = True) -> int:
         signal.signal(signum, on_signal)
     for warning in s.warnings:
         say(f"warning: {warning}")
+    if s.debug:
+        from nvshim.node.env import describe
+
+        say(f"settings: {describe(s)}")
+    steps.preflight(s)
     with steps.node_lock(s, say, stop.is_set) as got:
         if not got:
             say("stopped before the other installer finished; nothing changed")

@@ -155,9 +155,7 @@ def write_cdi(s: NodeSettings, say: Say, host) -> None:
     from nvshim.node.hostview import rebase_host
     from nvshim.policy.capabilities import parse_capabilities
 
-    view = rebase_host(
-        host, (s.driver_root_ctr, s.driver_root), (s.dev_root_ctr, s.dev_root)
-    )
+    view = rebase_host(host, (s.driver_root_ctr, s.driver_root), (s.dev_root_ctr, s.dev_root))
     caps = parse_capabilities(None, str(DEFAULTS["policy"]["default-capabilities"]), [])
     spec = build_spec(
         view, caps, s.hook_path, vendor=s.cdi_vendor, cls=s.cdi_class, strategies=("index", "uuid")
@@ -190,9 +188,20 @@ def unconfigure_engine(s: NodeSettings, say: Say) -> None:
         say(line)
 
 
-def install(s: NodeSettings, say: Say) -> object:
-    """Every install step; returns the discovered host (installer view) or None."""
+def preflight(s: NodeSettings) -> None:
+    """Refuse bad mounted files, and a restart that cannot happen, before any change."""
+    from nvshim.engines.restart import find_systemctl, socket_owner
+
     check_inputs(s)
+    if s.engine is not None and s.engine.restart == "signal":
+        socket_owner(s.engine.socket)
+    elif s.engine is not None and s.engine.restart == "systemd":
+        find_systemctl(s.engine.host_root)
+
+
+def install(s: NodeSettings, say: Say) -> object:
+    """Every install step (after :func:`preflight`); returns the discovered host
+    (installer view) or None."""
     for path in install_files(s):
         say(f"installed {path}")
     write_configs(s, say)

@@ -21,7 +21,7 @@ class Scratch:
     """A scratch host root: ``root`` / etc/containerd/config.toml (containerd 1.6's
     default) and a simulated host at ``root``/sim."""
 
-    def __init__(self, tmp_path: Path, sim_name: str = "single") -> None:
+    def __init__(self, tmp_path: Path, sim_name: str = "single", extra_files=None) -> None:
         from tests.sim.simhost import build_host
 
         self.root = tmp_path / "host"
@@ -29,7 +29,9 @@ class Scratch:
         self.config.parent.mkdir(parents=True)
         self.original = CONTAINERD_16.read_bytes()
         self.config.write_bytes(self.original)
-        self.sim = build_host(sim_name, str(self.root / SIM_DIR.lstrip("/")))
+        self.sim = build_host(
+            sim_name, str(self.root / SIM_DIR.lstrip("/")), extra_files=extra_files
+        )
         self.ready = tmp_path / "ready"
 
     def env(self, **extra: str) -> dict[str, str]:

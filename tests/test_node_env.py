@@ -9,12 +9,11 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
+import tomllib
 
 import pytest
-import tomllib
 import yaml
 
 from nvshim.engines.settings import GO_FALSE, GO_TRUE

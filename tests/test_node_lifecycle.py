@@ -76,7 +76,7 @@ def test_kill_9_between_steps_then_a_pod_restart_recovers(scratch, tmp_path):
         scratch.ready.unlink(missing_ok=True)
         log = tmp_path / f"kill-{n}"
         proc = start_node(env, log)
-        wait_for(lambda n=n: len(lines(log)) >= n or proc.poll() is not None, log=log)
+        wait_for(lambda n=n, log=log, p=proc: len(lines(log)) >= n or p.poll() is not None, log=log)
         proc.kill()
         proc.wait()
         # the pod comes back: install again, then be deleted

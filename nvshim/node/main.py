@@ -46,7 +46,7 @@ class MpsSupervisor:
     """The MPS daemons of the mounted sharing config (``nvshim mps``'s code), kept running."""
 
     def __init__(self, s: NodeSettings, host) -> None:
-        from nvshim.config import default_values, parse_config, Config
+        from nvshim.config import Config, default_values, parse_config
 
         if s.node_config:
             with open(s.node_config, "rb") as fh:

@@ -67,10 +67,11 @@ def node_lock(
 
 
 def install_files(s: NodeSettings) -> list[str]:
-    """Put nvshim on the host at the prefix: launchers naming host paths, the hook file."""
-    from nvshim.node import hostfiles
+    """Put nvshim on the host at the prefix (the running bundle, relocated; launchers from
+    a plain install), and the OCI hook file in CRI-O hook mode: ``nvshim.install``."""
+    from nvshim.install import install_host
 
-    return hostfiles.install(s)
+    return install_host(s.host_root, s.prefix, hooks_dir=s.hooks_dir)
 
 
 def host_config_text(s: NodeSettings, sharing_host_path: str | None) -> bytes:
@@ -219,7 +220,7 @@ def install(s: NodeSettings, say: Say) -> object:
 def uninstall(s: NodeSettings, say: Say) -> list[str]:
     """Undo :func:`install`; every step runs even when one before failed. Returns the
     failures (one line each)."""
-    from nvshim.node import hostfiles
+    from nvshim.install import uninstall_host
 
     failures: list[str] = []
 
@@ -242,5 +243,5 @@ def uninstall(s: NodeSettings, say: Say) -> list[str]:
     step(lambda: take_back(config_path))
     step(lambda: take_back(sharing_path))
     if not s.keep:
-        step(lambda: [say(f"removed {p}") for p in hostfiles.uninstall(s)])
+        step(lambda: [say(f"removed {p}") for p in uninstall_host(s.host_root, s.prefix)])
     return failures

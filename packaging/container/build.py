@@ -3,7 +3,7 @@
 
     python3 packaging/container/build.py [--tag nvshim-node:VERSION] [--suite bookworm]
         [--base-tar TAR] [--bundle DIR] [--rootfs-tar OUT.tar] [--podman-root DIR]
-        [--save OUT.oci.tar] [--no-import]
+        [--save OUT.oci.tar] [--no-import | --import-only ROOTFS.tar]
 
 A Debian root (``mmdebstrap --variant=minbase SUITE``, or ``--base-tar``) gets nvshim's
 self-contained host bundle at ``/opt/nvshim`` (built from this checkout with
@@ -96,11 +96,12 @@ def main() -> None:
     parser.add_argument("--podman-runroot", help=argparse.SUPPRESS)
     parser.add_argument("--save", help="also write an OCI archive of the image here")
     parser.add_argument("--no-import", action="store_true", help="only build --rootfs-tar")
+    parser.add_argument("--import-only", metavar="TAR", help="import a root built before")
     args = parser.parse_args()
     if args.no_import and not args.rootfs_tar:
         parser.error("--no-import needs --rootfs-tar")
     with tempfile.TemporaryDirectory(prefix="nvshim-image-") as work:
-        tar = rootfs_tar(args, work)
+        tar = args.import_only or rootfs_tar(args, work)
         if args.no_import:
             print(tar)
             return

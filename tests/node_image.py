@@ -19,10 +19,10 @@ BUILDER = "packaging/container/build.py"
 # Inside the namespace: start the container, say so, wait for a line on stdin, then
 # `podman stop` it (SIGTERM, then the grace period), keep its log and remove it.
 _DRIVER = r"""set -e
-"$PY" "$BUILDER" --import-only "$ROOTFS" --tag "$TAG" --podman-root "$STORE" \
-    --podman-runroot /run/podman-test/runroot >/dev/null
 P="podman --root $STORE --runroot /run/podman-test/runroot --tmpdir /run/podman-test/tmp"
 P="$P --storage-driver vfs --events-backend none --cgroup-manager cgroupfs --runtime runc"
+$P image exists "$TAG" || "$PY" "$BUILDER" --import-only "$ROOTFS" --tag "$TAG" \
+    --podman-root "$STORE" --podman-runroot /run/podman-test/runroot >/dev/null
 $P run -d --name nvshim-node --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
     "$@" >/dev/null
 echo started

@@ -350,3 +350,19 @@ def test_socket_missing_for_signal_restart_changes_nothing(scratch):
     assert done.returncode != 0
     assert "socket not found" in done.stderr
     assert scratch.snapshot() == before
+
+
+def test_nvshim_configure_reads_runtime_config_too(tmp_path):
+    from tests.conftest import run_nvshim
+    from tests.node_util import CONTAINERD_16
+
+    target = tmp_path / "containerd.toml"
+    target.write_bytes(CONTAINERD_16.read_bytes())
+    env = {"RUNTIME_CONFIG": str(target), "NVSHIM_CONTAINERD_VERSION": "1.6.20"}
+    done = run_nvshim("configure", "--runtime", "containerd", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "nvshim" in cri(toml(target))["containerd"]["runtimes"]
+    refused = run_nvshim(
+        "configure", "--runtime", "containerd", env={**env, "CONTAINERD_SET_AS_DEFAULT": "yes"}
+    )
+    assert refused.returncode == 2 and "CONTAINERD_SET_AS_DEFAULT='yes'" in refused.stderr

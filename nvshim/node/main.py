@@ -22,8 +22,9 @@ SUPERVISE_INTERVAL = 5.0  # seconds between MPS daemon checks
 
 
 def say(line: str) -> None:
-    """One log line on stderr (the pod's log), timestamped."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    """One log line on stderr (the pod's log), timestamped to the millisecond."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
     sys.stderr.write(f"{stamp} nvshim node: {line}\n")
     sys.stderr.flush()
 
@@ -95,6 +96,9 @@ def run(s: NodeSettings, daemon: bool = True) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
+    from nvshim import __version__
+
+    say(f"nvshim {__version__} starting (pid {os.getpid()}, engine {s.engine_name})")
     for warning in s.warnings:
         say(f"warning: {warning}")
     if s.debug:

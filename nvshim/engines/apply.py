@@ -16,17 +16,16 @@ from nvshim.engines import containerd, crio, docker
 from nvshim.engines.common import (
     FileState,
     backup_path,
+    commit_file,
     decode,
     load_state,
     locked,
-    make_dirs,
     read_bytes,
     remove_empty_dirs,
     remove_state,
     save_state,
     sha256,
     unified_diff,
-    write_backup,
     write_file,
 )
 from nvshim.engines.records import apply_edits, revert_records
@@ -128,23 +127,8 @@ def _dry_run(report: Report, changes: list[_Change]) -> Report:
 
 
 def _commit_configure(change: _Change) -> str:
-    path, state = change.path, change.state
-    notes = []
-    if state is None:
-        state = FileState(original_sha256=sha256(change.old))
-        if change.old is not None:
-            notes.append(f"original kept in {write_backup(path, change.old)}")
-    elif sha256(change.old) not in (state.written_sha256, state.original_sha256):
-        # someone else edited it since nvshim wrote it (the original itself is still
-        # pristine: a run stopped between recording and writing left it in place)
-        state.pristine = False
-    if change.old is None:
-        state.created_dirs += make_dirs(os.path.dirname(path))
-    state.written_sha256 = sha256(change.new)
-    state.records = change.records
-    save_state(path, state)  # first: a crash before the write leaves a harmless record
-    write_file(path, change.new)
-    return f"{path}: " + "; ".join(change.summary + notes)
+    _, notes = commit_file(change.path, change.old, change.new, change.state, change.records)
+    return f"{change.path}: " + "; ".join(change.summary + notes)
 
 
 def unconfigure(s: Settings) -> Report:

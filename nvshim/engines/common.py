@@ -203,6 +203,38 @@ def write_file(path: str, data: bytes | None) -> None:
     atomic_write(path, data, backup=False)
 
 
+def commit_file(
+    path: str,
+    old: bytes | None,
+    new: bytes | None,
+    state: FileState | None,
+    records: list[dict[str, Any]] | None = None,
+    created: list[str] | None = None,
+) -> tuple[FileState, list[str]]:
+    """Replace ``old`` (what ``path`` holds now) with ``new`` the safe way: the first time,
+    keep the original beside it (or note the directories made for it, ``created`` plus
+    any missing now); mark the file not pristine when someone else changed it since
+    nvshim wrote it; save the record first, then write. Returns the record and notes."""
+    notes = []
+    if state is None:
+        state = FileState(original_sha256=sha256(old))
+        if old is not None:
+            notes.append(f"original kept in {write_backup(path, old)}")
+    elif sha256(old) not in (state.written_sha256, state.original_sha256):
+        # someone else edited it since nvshim wrote it (the original itself is still
+        # pristine: a run stopped between recording and writing left it in place)
+        state.pristine = False
+    if old is None:
+        made = [*(created or []), *make_dirs(os.path.dirname(path))]
+        state.created_dirs += [d for d in made if d not in state.created_dirs]
+    state.written_sha256 = sha256(new)
+    if records is not None:
+        state.records = records
+    save_state(path, state)  # first: a crash before the write leaves a harmless record
+    write_file(path, new)
+    return state, notes
+
+
 def unified_diff(path: str, old: bytes | None, new: bytes | None) -> str:
     """A unified diff between two versions of ``path`` (``None``: absent)."""
     before = decode(path, old).splitlines(keepends=True)

@@ -96,16 +96,16 @@ def run(s: NodeSettings, daemon: bool = True) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
-    from nvshim import __version__
-
-    say(f"nvshim {__version__} starting (pid {os.getpid()}, engine {s.engine_name})")
     for warning in s.warnings:
         say(f"warning: {warning}")
     if s.debug:
         from nvshim.node.env import describe
 
         say(f"settings: {describe(s)}")
-    steps.preflight(s)
+    steps.preflight(s)  # a bad input is the one line printed
+    from nvshim import __version__
+
+    say(f"nvshim {__version__} starting (pid {os.getpid()}, engine {s.engine_name})")
     with steps.node_lock(s, say, stop.is_set) as got:
         if not got:
             say("stopped before the other installer finished; nothing changed")

@@ -9,18 +9,16 @@ from __future__ import annotations
 import os
 
 from nvshim.engines.common import (
-    FileState,
     backup_path,
+    commit_file,
     load_state,
     locked,
     make_dirs,
     read_bytes,
     remove_empty_dirs,
     remove_state,
-    save_state,
     sha256,
     state_path,
-    write_backup,
     write_file,
 )
 
@@ -38,20 +36,10 @@ def place(path: str, data: bytes) -> str:
     created = make_dirs(os.path.dirname(path))  # before the lock file needs the directory
     with locked(path):
         old = read_bytes(path)
-        if old == data and load_state(path) is not None:
-            return f"{path}: unchanged"
         state = load_state(path)
-        if state is None:
-            state = FileState(original_sha256=sha256(old))
-            if old is not None:
-                write_backup(path, old)
-            else:
-                state.created_dirs = created
-        elif sha256(old) not in (state.written_sha256, state.original_sha256):
-            state.pristine = False
-        state.written_sha256 = sha256(data)
-        save_state(path, state)  # first: a crash before the write leaves a harmless record
-        write_file(path, data)
+        if old == data and state is not None:
+            return f"{path}: unchanged"
+        state, _ = commit_file(path, old, data, state, created=created)
     return f"{path}: written" + ("" if state.original_sha256 is None else " (original kept)")
 
 

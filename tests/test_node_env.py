@@ -366,3 +366,16 @@ def test_nvshim_configure_reads_runtime_config_too(tmp_path):
         "configure", "--runtime", "containerd", env={**env, "CONTAINERD_SET_AS_DEFAULT": "yes"}
     )
     assert refused.returncode == 2 and "CONTAINERD_SET_AS_DEFAULT='yes'" in refused.stderr
+
+
+def test_sharing_config_that_does_not_fit_the_host_changes_nothing(scratch, tmp_path):
+    sharing = tmp_path / "sharing.yaml"
+    sharing.write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
+        "      replicas: 2\n      devices: [7]\n"
+    )
+    before = scratch.snapshot()
+    done = node("install", env=scratch.env(NVSHIM_SHARING_CONFIG=str(sharing)))
+    assert done.returncode != 0
+    assert str(sharing) in done.stderr.strip().splitlines()[-1]
+    assert scratch.snapshot() == before

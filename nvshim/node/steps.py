@@ -28,11 +28,17 @@ def node_lock(
 ) -> Iterator[bool]:
     """Hold the node's pid file locked (our pid in it) and remove it on release. Waits
     while another installer holds it; yields False when ``stop()`` turned true first."""
+    from nvshim.engines.common import make_dirs, remove_empty_dirs
+
     path = s.here(s.pid_file)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     waited = False
+    created: list[str] = []
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        created += [d for d in make_dirs(os.path.dirname(path)) if d not in created]
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except FileNotFoundError:  # the holder before us just removed its directory
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -64,6 +70,7 @@ def node_lock(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         os.close(fd)
+        remove_empty_dirs(created)
 
 
 def install_files(s: NodeSettings) -> list[str]:
@@ -202,15 +209,22 @@ def preflight(s: NodeSettings) -> None:
 
 def install(s: NodeSettings, say: Say) -> object:
     """Every install step (after :func:`preflight`); returns the discovered host
-    (installer view) or None."""
-    for path in install_files(s):
-        say(f"installed {path}")
-    write_configs(s, say)
+    (installer view) or None. Discovery and the sharing config's check against the
+    host come first: a failure there changes nothing."""
     host = None
     if s.cdi_enabled or s.sharing_config:
         host = discover(s)
         for warning in host.warnings:
             say(f"warning: {warning}")
+    if s.sharing_config:
+        from nvshim.mps.sharing import load_sharing_config, resolve_sharing
+
+        sharing = load_sharing_config(s.sharing_config)
+        if sharing is not None:
+            resolve_sharing(sharing, host)
+    for path in install_files(s):
+        say(f"installed {path}")
+    write_configs(s, say)
     if s.cdi_enabled:
         write_cdi(s, say, host)
     configure_engine(s, say)

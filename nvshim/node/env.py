@@ -182,7 +182,7 @@ def _list(raw: str) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def _warn_unhonoured(env: Mapping[str, str], warnings: list[str], engine: str) -> None:
+def _warn_unhonoured(env: Mapping[str, str], warnings: list[str]) -> None:
     for names, why in UNHONOURED:
         for name in names:
             if name in env:
@@ -324,7 +324,7 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
         policy["runtimes"] = runtimes
 
     no_config = bool(values.get("no_runtime_config")) or crio_hooks
-    _warn_unhonoured(env, warnings, engine)
+    _warn_unhonoured(env, warnings)
     engine_settings = None if no_config else _engine_settings(values, env, options)
     return NodeSettings(
         engine=engine_settings,

@@ -1,7 +1,8 @@
 """The installer's steps, each safe to repeat after a crash, and their undo.
 
-Order on install: nvshim's files on the host, its config (and the sharing config), the
-CDI spec, then the engine (configure, restart). Uninstall runs the other way. One
+Order on install: discovery and the sharing config's check (nothing written yet),
+nvshim's files on the host, its config (and the sharing config), the CDI spec, then the
+engine (configure, restart). Uninstall runs the other way. One
 installer at a time per node: :func:`node_lock` holds the pid file locked for the
 installer's whole life, so a second pod on the node waits until the first one is gone.
 """

@@ -85,16 +85,30 @@ def node(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.Co
     )
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+def reap_started() -> None:
+    """Kill every installer :func:`start_node` started that still runs (a failed test's)."""
+    for proc in STARTED:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    STARTED.clear()
+
+
 def start_node(env: dict[str, str], log: Path) -> subprocess.Popen:
     """Start ``nvshim node run`` in the background, its output going to ``log``."""
     with open(log, "ab") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [NVSHIM, "node", "run"],
             env=clean_env(env),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+    STARTED.append(proc)
+    return proc
 
 
 def wait_for(predicate, timeout: float = 60.0, proc: subprocess.Popen | None = None, log=None):

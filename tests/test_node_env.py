@@ -18,7 +18,13 @@ import yaml
 
 from nvshim.engines.settings import GO_FALSE, GO_TRUE
 from nvshim.node.env import UNHONOURED, resolve_node
-from tests.node_util import SIM_DIR, Scratch, node, start_node, wait_for
+from tests.node_util import SIM_DIR, Scratch, node, reap_started, start_node, wait_for
+
+
+@pytest.fixture(autouse=True)
+def _no_installer_left():
+    yield
+    reap_started()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.node_util import Scratch, start_node, wait_for
+from tests.node_util import Scratch, reap_started, start_node, wait_for
 from tests.sim import fake_mps_control
 
 
@@ -27,6 +27,12 @@ def lines(log) -> list[str]:
 def stop(proc: subprocess.Popen, log) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, log.read_text()
+
+
+@pytest.fixture(autouse=True)
+def _no_installer_left():
+    yield
+    reap_started()
 
 
 @pytest.fixture
@@ -193,4 +199,21 @@ def test_mps_daemons_are_supervised_and_stopped(tmp_path):
     assert _mps_pid(str(pipe)) is None
     assert "quit" in (pipe.parent / "log" / "control.log").read_text()
     assert not scratch.path("/etc/nvshim/sharing.yaml").exists()
+    assert scratch.config.read_bytes() == scratch.original
+
+
+def test_temp_files_of_a_writer_killed_mid_write_are_cleaned(scratch, tmp_path):
+    """What atomic_write leaves when killed between creating its temp file and the rename."""
+    stale = [
+        scratch.config.parent / ".config.toml.4242.0badf00d.tmp",
+        scratch.config.parent / ".config.toml.nvshim.state.4242.0badf00d.tmp",
+    ]
+    for path in stale:
+        path.write_text("half written")
+    log = tmp_path / "log"
+    proc = start_node(scratch.env(), log)
+    wait_for(scratch.ready.exists, proc=proc, log=log)
+    assert not any(p.exists() for p in stale)
+    stop(proc, log)
+    assert sorted(os.listdir(scratch.config.parent)) == ["config.toml"]
     assert scratch.config.read_bytes() == scratch.original

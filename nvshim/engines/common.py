@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nvshim.errors import NvshimError
-from nvshim.fsutil import atomic_write
+from nvshim.fsutil import atomic_write, remove_temp_files
 from nvshim.record import field, record
 
 BACKUP_SUFFIX = ".nvshim.bak"
@@ -81,7 +81,8 @@ def decode(path: str, data: bytes | None) -> str:
 
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[None]:
-    """Hold an exclusive lock for ``path`` (a lock file beside it, removed on release)."""
+    """Hold an exclusive lock for ``path`` (a lock file beside it, removed on release).
+    Temporary files a writer killed mid-write left beside ``path`` are removed."""
     lock = sidecar_base(path) + LOCK_SUFFIX
     os.makedirs(os.path.dirname(lock), exist_ok=True)
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -102,6 +103,8 @@ def locked(path: str) -> Iterator[None]:
         if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
             break
         os.close(fd)
+    for target in (path, state_path(path), backup_path(path)):
+        remove_temp_files(target)  # a writer killed mid-write left them; we hold the lock
     try:
         yield
     finally:

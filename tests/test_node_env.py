@@ -18,18 +18,7 @@ import yaml
 
 from nvshim.engines.settings import GO_FALSE, GO_TRUE
 from nvshim.node.env import UNHONOURED, resolve_node
-from tests.node_util import SIM_DIR, Scratch, node, reap_started, start_node, wait_for
-
-
-@pytest.fixture(autouse=True)
-def _no_installer_left():
-    yield
-    reap_started()
-
-
-@pytest.fixture
-def scratch(tmp_path):
-    return Scratch(tmp_path)
+from tests.node_util import SIM_DIR, Scratch, node, start_node, wait_for
 
 
 def toml(path) -> dict:

@@ -10,9 +10,9 @@ import signal
 import subprocess
 import time
 
-import pytest
+import yaml
 
-from tests.node_util import Scratch, reap_started, start_node, wait_for
+from tests.node_util import Scratch, start_node, wait_for
 from tests.sim import fake_mps_control
 
 
@@ -27,17 +27,6 @@ def lines(log) -> list[str]:
 def stop(proc: subprocess.Popen, log) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, log.read_text()
-
-
-@pytest.fixture(autouse=True)
-def _no_installer_left():
-    yield
-    reap_started()
-
-
-@pytest.fixture
-def scratch(tmp_path):
-    return Scratch(tmp_path)
 
 
 def test_sigterm_gives_back_the_exact_original(scratch, tmp_path):
@@ -169,7 +158,7 @@ def test_mps_daemons_are_supervised_and_stopped(tmp_path):
     scratch = Scratch(tmp_path, "h100x8-mig", fake_mps_control.extra_files())
     sharing = tmp_path / "sharing.yaml"
     sharing.write_text(SHARING)
-    env = scratch.env(NVSHIM_SHARING_CONFIG=str(sharing))
+    env = scratch.env(NVSHIM_SHARING_CONFIG=str(sharing), CDI_ENABLED="true")
     uuid = scratch.sim.gpu_uuids()[1]
     pipe = scratch.path(f"/run/nvshim/mps/{uuid}/pipe")
     log = tmp_path / "log"
@@ -180,6 +169,11 @@ def test_mps_daemons_are_supervised_and_stopped(tmp_path):
         assert first is not None and f"MPS daemon of 1 ({uuid}) started" in log.read_text()
         placed = scratch.path("/etc/nvshim/sharing.yaml").read_text()
         assert placed == SHARING
+        shared = yaml.safe_load(scratch.path("/var/run/cdi/nvshim-shared.yaml").read_text())
+        assert shared["kind"] == "nvidia.com/gpu.shared"
+        assert [d["name"] for d in shared["devices"]] == ["1", uuid]
+        mounts = shared["devices"][0]["containerEdits"]["mounts"]
+        assert f"/run/nvshim/mps/{uuid}/pipe" in [m["hostPath"] for m in mounts]  # host path
         os.kill(first, signal.SIGKILL)
         wait_for(
             lambda: "restarted (it had died)" in log.read_text(), timeout=30, proc=proc, log=log
@@ -199,6 +193,7 @@ def test_mps_daemons_are_supervised_and_stopped(tmp_path):
     assert _mps_pid(str(pipe)) is None
     assert "quit" in (pipe.parent / "log" / "control.log").read_text()
     assert not scratch.path("/etc/nvshim/sharing.yaml").exists()
+    assert not scratch.path("/var/run/cdi/nvshim-shared.yaml").exists()
     assert scratch.config.read_bytes() == scratch.original
 
 

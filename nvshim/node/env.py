@@ -37,6 +37,7 @@ DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 DEFAULT_HOST_CONFIG = "/etc/nvshim/config.toml"
 RESTART_DEFAULT = {"containerd": "signal", "docker": "signal", "crio": "systemd"}
 CDI_SPEC_NAME = "nvshim.yaml"
+CDI_SHARED_SPEC_NAME = "nvshim-shared.yaml"
 
 # setting -> variables, first set wins
 VARS: dict[str, tuple[str, ...]] = {
@@ -155,6 +156,11 @@ class NodeSettings:
     def cdi_spec(self) -> str:
         """Host path of the CDI spec the installer writes."""
         return os.path.join(self.cdi_output_dir, CDI_SPEC_NAME)
+
+    @property
+    def cdi_shared_spec(self) -> str:
+        """Host path of the shared devices' CDI spec (an MPS sharing config)."""
+        return os.path.join(self.cdi_output_dir, CDI_SHARED_SPEC_NAME)
 
 
 def _first(setting: str, env: Mapping[str, str]) -> tuple[str, str] | None:

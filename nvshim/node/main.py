@@ -47,16 +47,9 @@ class MpsSupervisor:
     """The MPS daemons of the mounted sharing config (``nvshim mps``'s code), kept running."""
 
     def __init__(self, s: NodeSettings, host) -> None:
-        from nvshim.config import Config, default_values, parse_config
-
-        if s.node_config:
-            with open(s.node_config, "rb") as fh:
-                values = parse_config(fh.read(), s.node_config).values
-        else:
-            values = default_values()
-        values["sharing"]["config"] = s.sharing_config
-        values["sharing"]["mps-root"] = s.here(str(values["sharing"]["mps-root"]))
-        self.config = Config(values, s.node_config)
+        self.config = steps.host_side_config(s)
+        mps_root = str(self.config.get("sharing", "mps-root"))
+        self.config.values["sharing"]["mps-root"] = s.here(mps_root)  # reached from here
         self.host = host
         self.started = False
 

@@ -157,19 +157,48 @@ def discover(s: NodeSettings):
     return discover_host(s.driver_root_ctr, s.dev_root_ctr)
 
 
+def host_side_config(s: NodeSettings):
+    """nvshim's config as the host will read it (the mounted one, or defaults), with the
+    mounted sharing config to read here."""
+    from nvshim.config import Config, default_values, parse_config
+
+    if s.node_config:
+        values = parse_config(_read(s.node_config).encode(), s.node_config).values
+    else:
+        values = default_values()
+    values["sharing"]["config"] = s.sharing_config or ""
+    return Config(values, s.node_config)
+
+
 def write_cdi(s: NodeSettings, say: Say, host) -> None:
-    """The CDI spec (devices by index and by UUID, plus ``all``) naming host paths."""
+    """The CDI spec (devices by index and by UUID, plus ``all``) naming host paths, and
+    with an MPS sharing config the shared devices' spec (class ``gpu.shared``)."""
     from nvshim.cdi.writer import build_spec, dump_spec
-    from nvshim.config import DEFAULTS
+    from nvshim.mps.sharing import sharing_for
     from nvshim.node.hostview import rebase_host
     from nvshim.policy.capabilities import parse_capabilities
 
     view = rebase_host(host, (s.driver_root_ctr, s.driver_root), (s.dev_root_ctr, s.dev_root))
-    caps = parse_capabilities(None, str(DEFAULTS["policy"]["default-capabilities"]), [])
+    config = host_side_config(s)
+    caps = parse_capabilities(None, str(config.get("policy", "default-capabilities")), [])
+    strategies = ("index", "uuid")
     spec = build_spec(
-        view, caps, s.hook_path, vendor=s.cdi_vendor, cls=s.cdi_class, strategies=("index", "uuid")
+        view, caps, s.hook_path, vendor=s.cdi_vendor, cls=s.cdi_class, strategies=strategies
     )
     say(placed.place(s.here(s.cdi_spec), dump_spec(spec, "yaml").encode()))
+    if s.sharing_config and sharing_for(config, view):
+        from nvshim.mps.cdi import shared_spec
+
+        shared = shared_spec(
+            view,
+            config,
+            caps,
+            s.hook_path,
+            vendor=s.cdi_vendor,
+            strategies=strategies,
+            daemon_check_hook=True,
+        )
+        say(placed.place(s.here(s.cdi_shared_spec), dump_spec(shared, "yaml").encode()))
 
 
 def configure_engine(s: NodeSettings, say: Say) -> None:
@@ -254,6 +283,7 @@ def uninstall(s: NodeSettings, say: Say) -> list[str]:
     step(lambda: unconfigure_engine(s, say))
     if not s.keep:
         step(lambda: take_back(s.cdi_spec))
+        step(lambda: take_back(s.cdi_shared_spec))
     config_path, sharing_path = host_configs(s)
     step(lambda: take_back(config_path))
     step(lambda: take_back(sharing_path))

@@ -20,6 +20,7 @@ COMMANDS = {
     "unconfigure": ("nvshim.cli.configure:unconfigure", "Remove nvshim from a container engine."),
     "install": ("nvshim.cli.install:install", "Install the runtime and hook launchers."),
     "mps": ("nvshim.cli.mps:mps", "Run and inspect the per-GPU MPS control daemons."),
+    "doctor": ("nvshim.cli.doctor:doctor", "Check whether GPU pods can run on this node."),
 }
 
 

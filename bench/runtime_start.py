@@ -28,14 +28,17 @@ from tests.sim.simhost import build_host  # noqa: E402
 from tests.sim.topology import generate_topology  # noqa: E402
 
 
-def _start_once(work_root, golden, binary, request, env, name) -> float:
-    """Wall time of one ``<binary> run`` of a fresh busybox bundle (then removed)."""
+def _start_once(
+    work_root, golden, binary, request, env, name, prefix=(), annotations=None
+) -> float:
+    """Wall time of one ``<prefix> <binary> run`` of a fresh busybox bundle (then removed)."""
     work = os.path.join(work_root, f"run-{name}")
     rootfs = os.path.join(work, "rootfs")
     shutil.copytree(golden, rootfs, symlinks=True)
     extra = {"NVIDIA_VISIBLE_DEVICES": request} if request else {}
-    bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra)
-    command = [binary, "--root", os.path.join(work, "state"), "run", "--bundle", bundle, name]
+    bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra, annotations=annotations)
+    state = os.path.join(work, "state")
+    command = [*prefix, binary, "--root", state, "run", "--bundle", bundle, name]
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start

@@ -21,6 +21,7 @@ COMMANDS = {
     "install": ("nvshim.cli.install:install", "Install the runtime and hook launchers."),
     "mps": ("nvshim.cli.mps:mps", "Run and inspect the per-GPU MPS control daemons."),
     "doctor": ("nvshim.cli.doctor:doctor", "Check whether GPU pods can run on this node."),
+    "exporter": ("nvshim.cli.exporter:exporter", "Serve the node's Prometheus metrics."),
 }
 
 

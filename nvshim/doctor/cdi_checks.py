@@ -122,7 +122,7 @@ def spec_differences(spec: dict[str, Any], host, snap, hook_path: str) -> list[s
     return diffs
 
 
-def _spec_files(ctx: Context) -> list[str]:
+def spec_files(ctx: Context) -> list[str]:
     from nvshim.cdi.registry import LOADED_SUFFIXES
 
     paths = []
@@ -146,7 +146,7 @@ def cdi_spec(ctx: Context):
     kind = f"{ctx.config.get('policy', 'cdi-vendor')}/{ctx.config.get('policy', 'cdi-class')}"
     regen = f"nvshim cdi generate -o {ctx.cdi_dirs[-1]}/nvidia.yaml"
     mine: list[tuple[str, dict]] = []
-    for path in _spec_files(ctx):
+    for path in spec_files(ctx):
         try:
             spec = load_spec_file(path)
         except NvshimError as err:

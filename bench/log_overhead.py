@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from runtime_start import _start_once  # noqa: E402
 
-from nvshim.launch import LAUNCHERS, launcher_text  # noqa: E402
+from nvshim.launch import LAUNCHERS, import_roots, launcher_text  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.sim.simhost import build_host  # noqa: E402
 from tests.sim.topology import generate_topology  # noqa: E402
@@ -58,10 +58,11 @@ PRIVATE_RUN = [
 def _launchers(bin_dir: str, tree: str) -> str:
     """nvshim-runtime and nvshim-hook launchers importing nvshim from ``tree``."""
     os.makedirs(bin_dir)
+    roots = [tree if root == REPO else root for root in import_roots()]
     for name, module in LAUNCHERS.items():
         path = os.path.join(bin_dir, name)
         with open(path, "w") as fh:
-            fh.write(launcher_text(module).replace(repr(REPO), repr(tree)))
+            fh.write(launcher_text(module, roots=roots))
         os.chmod(path, 0o755)
     return os.path.join(bin_dir, "nvshim-runtime")
 

@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from runtime_start import _start_once  # noqa: E402
+from runtime_start import _start_once, write_bench_config  # noqa: E402
 
 from nvshim.launch import LAUNCHERS, import_roots, launcher_text  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
@@ -128,14 +128,7 @@ def main() -> None:
         ):
             case = os.path.join(tmp, f"case{len(cases)}")
             runtime = _launchers(os.path.join(case, "bin"), tree)
-            config = os.path.join(case, "config.toml")
-            with open(config, "w") as fh:
-                fh.write(
-                    f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
-                    f'[runtime]\nhook-path = "{case}/bin/nvshim-hook"\n'
-                    f'log-file = "{case}/nvshim.log"\nstate-dir = "{case}/state"\n{extra}'
-                    "[policy]\naccept-env-unprivileged = true\n"
-                )
+            config = write_bench_config(case, sim, os.path.join(case, "bin"), extra)
             os.makedirs(os.path.join(case, "run"))
             env = {"PATH": os.environ["PATH"], "NVSHIM_CONFIG": config}
             cases[label] = (runtime, env, PRIVATE_RUN + [os.path.join(case, "run")])

@@ -48,6 +48,20 @@ def _start_once(
     return elapsed
 
 
+def write_bench_config(directory: str, sim, bin_dir: str, runtime_extra: str = "") -> str:
+    """``<directory>/config.toml`` for the simulated host ``sim``: hooks from ``bin_dir``,
+    log and state under ``directory``, env requests honoured; returns its path."""
+    config = os.path.join(directory, "config.toml")
+    with open(config, "w") as fh:
+        fh.write(
+            f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
+            f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{directory}/log"\n'
+            f'state-dir = "{directory}/state"\n{runtime_extra}'
+            "[policy]\naccept-env-unprivileged = true\n"
+        )
+    return config
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=15)
@@ -60,13 +74,7 @@ def main() -> None:
         sim = build_host(generate_topology(8, False), os.path.join(tmp, "host"))
         bin_dir = os.path.join(tmp, "bin")
         write_launchers(bin_dir)
-        config = os.path.join(tmp, "config.toml")
-        with open(config, "w") as fh:
-            fh.write(
-                f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
-                f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{tmp}/log"\n'
-                f'state-dir = "{tmp}/state"\n[policy]\naccept-env-unprivileged = true\n'
-            )
+        config = write_bench_config(tmp, sim, bin_dir)
         env = {"PATH": os.environ["PATH"], "NVSHIM_CONFIG": config}
         static = make_busybox_rootfs(os.path.join(tmp, "static"), glibc_loader=False)
         glibc = make_busybox_rootfs(os.path.join(tmp, "glibc"))

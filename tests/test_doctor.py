@@ -4,6 +4,7 @@ fault fails or warns exactly the check that owns it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_nvshim
-from tests.cri_util import cri_ready_config
+from tests.cri_util import configure_containerd, cri_ready_config
 from tests.engines.containerd_instance import PrivateContainerd, private_containerd
 from tests.engines.corpus_cases import CORPUS
 from tests.sim import fake_mps_control
@@ -35,20 +36,6 @@ SKIPPED_WHEN_HEALTHY = {"fabric-manager", "oci-hook"}  # no NVSwitch; runtime mo
 SHARED = {"single": "0", "h100x8-mig": "1", "a100-mig-1g5gb": "0:2"}
 
 
-def _configure(config: Path, runtime_path: str) -> None:
-    proc = run_nvshim(
-        "configure",
-        "--runtime",
-        "containerd",
-        "--config",
-        str(config),
-        "--runtime-path",
-        runtime_path,
-        env={"NVSHIM_CONTAINERD_VERSION": "1.6.20"},
-    )
-    assert proc.returncode == 0, proc.stderr
-
-
 def _stock_config(path: Path, scratch: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(cri_ready_config(V16, scratch, "registry.k8s.io/pause:3.6"))
@@ -60,7 +47,7 @@ def containerd(tmp_path_factory, launchers):
     """A private containerd configured with nvshim's runtime and restarted (loaded)."""
     base = tmp_path_factory.mktemp("doctor-ctd")
     config = _stock_config(base / "etc" / "config.toml", base / "scratch")
-    _configure(config, os.path.join(launchers, "nvshim-runtime"))
+    configure_containerd(config, os.path.join(launchers, "nvshim-runtime"))
     with private_containerd(base, config) as ctd:
         yield ctd
 
@@ -207,48 +194,43 @@ def test_text_output_names_each_check_and_its_fix(nodes):
     assert "fix: nvshim cdi generate" in proc.stdout
 
 
-def test_removed_device_node_fails_device_nodes(nodes):
-    node = nodes("h100x8-mig")
-    path = node.dev("/dev/nvidia3")
-    os.unlink(path)
-    try:
-        code, results = node.doctor()
-    finally:
-        os.mknod(path, 0o20666, os.makedev(195, 3))
-    _assert_only(results, {"device-nodes": "fail"})
-    assert "/dev/nvidia3 missing" in results["device-nodes"][1]
-    assert code == 1
-
-
-def test_wrong_minor_fails_device_nodes(nodes):
-    node = nodes("h100x8-mig")
-    path = node.dev("/dev/nvidia2")
-    os.unlink(path)
-    os.mknod(path, 0o20666, os.makedev(195, 9))
-    try:
-        code, results = node.doctor()
-    finally:
-        os.unlink(path)
-        os.mknod(path, 0o20666, os.makedev(195, 2))
-    _assert_only(results, {"device-nodes": "fail"})
-    assert "/dev/nvidia2 is 195:9, expected 195:2" in results["device-nodes"][1]
-    assert code == 1
-
-
-def test_wrong_mig_capability_node_fails_device_nodes(nodes):
-    node = nodes("a100-mig-1g5gb")
-    cap = node.sim.mig_cap_names(node.sim.mig_uuids()[0])[1]
-    path = node.dev(f"/dev/nvidia-caps/{cap}")
+@contextlib.contextmanager
+def replaced_node(path: str, rdev: int | None):
+    """The char device ``path`` replaced by one of ``rdev`` (None: removed), then put back."""
     st = os.stat(path)
     os.unlink(path)
-    os.mknod(path, 0o20444, os.makedev(os.major(st.st_rdev), 200))
+    if rdev is not None:
+        os.mknod(path, st.st_mode, rdev)
     try:
-        code, results = node.doctor()
+        yield
     finally:
-        os.unlink(path)
+        if os.path.lexists(path):
+            os.unlink(path)
         os.mknod(path, st.st_mode, st.st_rdev)
+
+
+@pytest.mark.parametrize(
+    ("name", "node", "rdev", "expected"),
+    [
+        ("h100x8-mig", "/dev/nvidia3", None, "/dev/nvidia3 missing"),
+        ("h100x8-mig", "/dev/nvidia2", os.makedev(195, 9), "/dev/nvidia2 is 195:9, expected 195:2"),
+        (
+            "single",
+            "/dev/nvidiactl",
+            os.makedev(195, 0),
+            "/dev/nvidiactl is 195:0, expected 195:255",
+        ),
+        ("a100-mig-1g5gb", "cap", os.makedev(509, 200), "is 509:200, expected 509:"),
+    ],
+)
+def test_device_node_faults_fail_device_nodes(nodes, name, node, rdev, expected):
+    host = nodes(name)
+    if node == "cap":  # the compute-instance capability of the first MIG device
+        node = "/dev/nvidia-caps/" + host.sim.mig_cap_names(host.sim.mig_uuids()[0])[1]
+    with replaced_node(host.dev(node), rdev):
+        code, results = host.doctor()
     _assert_only(results, {"device-nodes": "fail"})
-    assert f"/dev/nvidia-caps/{cap} is " in results["device-nodes"][1]
+    assert expected in results["device-nodes"][1]
     assert code == 1
 
 
@@ -283,14 +265,29 @@ def test_spec_of_another_mig_layout_fails_cdi_spec(nodes, sim_hosts, tmp_path):
     assert code == 1
 
 
-def test_runtime_entry_with_missing_binary_fails_engine_runtime(nodes, tmp_path):
+@pytest.mark.parametrize(
+    ("started_after_configure", "binary", "failing", "expected"),
+    [
+        # the entry names a missing binary, and containerd (started on it) loaded it so
+        (True, "/nonexistent/nvshim-runtime", "engine-runtime", "does not exist"),
+        # configure ran while containerd was up and nobody restarted it
+        (False, None, "engine-loaded", "has no runtime 'nvshim' although"),
+    ],
+)
+def test_engine_faults(
+    nodes, tmp_path, launchers, started_after_configure, binary, failing, expected
+):
     node = nodes("single")
+    binary = binary or os.path.join(launchers, "nvshim-runtime")
     config = _stock_config(tmp_path / "etc" / "config.toml", tmp_path / "scratch")
-    _configure(config, "/nonexistent/nvshim-runtime")
-    with private_containerd(tmp_path, config) as ctd:  # started on it: loaded as written
+    if started_after_configure:
+        configure_containerd(config, binary)
+    with private_containerd(tmp_path, config) as ctd:
+        if not started_after_configure:
+            configure_containerd(config, binary)  # no --restart
         code, results = node.doctor(engine_config=str(config), socket=ctd.socket)
-    _assert_only(results, {"engine-runtime": "fail"})
-    assert "/nonexistent/nvshim-runtime does not exist" in results["engine-runtime"][1]
+    _assert_only(results, {failing: "fail"})
+    assert expected in results[failing][1]
     assert code == 1
 
 
@@ -304,21 +301,10 @@ def test_runtime_through_a_pyenv_shim_fails_engine_runtime(nodes, tmp_path):
     launcher.write_text(f"#!{shim} -IS\nimport nvshim\n")
     launcher.chmod(0o755)
     config = _stock_config(tmp_path / "etc" / "config.toml", tmp_path / "scratch")
-    _configure(config, str(launcher))
+    configure_containerd(config, str(launcher))
     code, results = node.doctor("--check", "engine-runtime", engine_config=str(config))
     assert results["engine-runtime"][0] == "fail"
     assert "version-manager shim" in results["engine-runtime"][1]
-    assert code == 1
-
-
-def test_containerd_not_restarted_after_configure_fails_engine_loaded(nodes, tmp_path, launchers):
-    node = nodes("single")
-    config = _stock_config(tmp_path / "etc" / "config.toml", tmp_path / "scratch")
-    with private_containerd(tmp_path, config) as ctd:
-        _configure(config, os.path.join(launchers, "nvshim-runtime"))  # no --restart
-        code, results = node.doctor(engine_config=str(config), socket=ctd.socket)
-    _assert_only(results, {"engine-loaded": "fail"})
-    assert "has no runtime 'nvshim' although" in results["engine-loaded"][1]
     assert code == 1
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from nvshim import log
 from nvshim.config import Config, default_values
-from tests.conftest import run_nvshim, write_config
-from tests.cri_util import CriClient, cri_ready_config, image_archive
+from tests.conftest import write_config
+from tests.cri_util import CriClient, configure_containerd, cri_ready_config, image_archive
 from tests.engines.containerd_instance import private_containerd
 from tests.engines.corpus_cases import CORPUS
 from tests.podman_util import make_busybox_rootfs
@@ -56,18 +56,7 @@ def test_cri_pod_line_names_namespace_pod_and_container(
     archive = image_archive(rootfs, tmp_path / "image.tar", [IMAGE, PAUSE])
     config = tmp_path / "containerd.toml"
     config.write_text(cri_ready_config(V16, tmp_path / "scratch", PAUSE))
-    done = run_nvshim(
-        "configure",
-        "--runtime",
-        "containerd",
-        "--config",
-        str(config),
-        "--enable-cdi",
-        "--runtime-path",
-        os.path.join(launchers, "nvshim-runtime"),
-        env={"NVSHIM_CONTAINERD_VERSION": "1.6.20"},
-    )
-    assert done.returncode == 0, done.stderr
+    configure_containerd(config, os.path.join(launchers, "nvshim-runtime"), "--enable-cdi")
     (tmp_path / "pod-logs").mkdir()
     with private_containerd(tmp_path, config) as ctd:
         assert ctd.ctr("-n", "k8s.io", "images", "import", archive).returncode == 0

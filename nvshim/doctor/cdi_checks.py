@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from nvshim.doctor import check, fail, ok, warn
-from nvshim.doctor.context import Context
+from nvshim.doctor.context import Context, files_in
 from nvshim.errors import NvshimError
 
 HOOK_NAME = "nvshim-hook"
@@ -123,20 +122,10 @@ def spec_differences(spec: dict[str, Any], host, snap, hook_path: str) -> list[s
 
 
 def spec_files(ctx: Context) -> list[str]:
+    """The spec files runtimes would load from the CDI dirs."""
     from nvshim.cdi.registry import LOADED_SUFFIXES
 
-    paths = []
-    for directory in ctx.cdi_dirs:
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
-            continue
-        paths += [
-            os.path.join(directory, n)
-            for n in names
-            if n.endswith(LOADED_SUFFIXES) and os.path.isfile(os.path.join(directory, n))
-        ]
-    return paths
+    return files_in(ctx.cdi_dirs, LOADED_SUFFIXES)
 
 
 @check("cdi-spec", "CDI specs are present, valid and match this host")

@@ -42,7 +42,7 @@ class Context:
         self.env = os.environ if env is None else env
         self._memo: dict[str, tuple[bool, Any]] = {}
 
-    def _once(self, key: str, compute: Callable[[], Any]) -> Any:
+    def once(self, key: str, compute: Callable[[], Any]) -> Any:
         """``compute()`` once; a raised exception is remembered and raised again."""
         if key not in self._memo:
             try:
@@ -74,7 +74,7 @@ class Context:
                 )
             return nvml.query(library)
 
-        return self._once("snapshot", query)
+        return self.once("snapshot", query)
 
     def host(self):
         """The discovered host; Skip when the driver is unusable."""
@@ -88,7 +88,7 @@ class Context:
 
             return discover_host(self.driver_root, self.dev_root)
 
-        return self._once("host", discover)
+        return self.once("host", discover)
 
     def nvml_session(self):
         """An initialised pynvml bound to the host's NVML (a context manager)."""
@@ -113,4 +113,21 @@ class Context:
                     return settings
             raise Skip("no container engine found (name one with --engine)")
 
-        return self._once("engine", resolve)
+        return self.once("engine", resolve)
+
+
+def files_in(dirs: Sequence[str], suffixes: tuple[str, ...]) -> list[str]:
+    """Regular files ending in ``suffixes`` in each of ``dirs`` (missing dirs: none), in
+    directory order then name order."""
+    paths = []
+    for directory in dirs:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        paths += [
+            os.path.join(directory, n)
+            for n in names
+            if n.endswith(suffixes) and os.path.isfile(os.path.join(directory, n))
+        ]
+    return paths

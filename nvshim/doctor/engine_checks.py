@@ -7,7 +7,7 @@ import json
 import os
 
 from nvshim.doctor import Skip, check, fail, ok, warn
-from nvshim.doctor.context import Context
+from nvshim.doctor.context import Context, files_in
 from nvshim.doctor.launcher import launcher_problem
 from nvshim.errors import NvshimError
 
@@ -93,29 +93,21 @@ def hook_files(ctx: Context) -> list[tuple[str, dict]]:
 
     def scan():
         found = []
-        for directory in ctx.hooks_dirs:
+        for path in files_in(ctx.hooks_dirs, (".json",)):
             try:
-                names = sorted(os.listdir(directory))
-            except OSError:
-                continue
-            for name in names:
-                path = os.path.join(directory, name)
-                if not name.endswith(".json") or not os.path.isfile(path):
-                    continue
-                try:
-                    with open(path, encoding="utf-8") as fh:
-                        data = json.load(fh)
-                except (OSError, ValueError, UnicodeDecodeError) as err:
-                    data = {"error": str(err)}
-                hook = data.get("hook") if isinstance(data, dict) else None
-                hook_path = hook.get("path") if isinstance(hook, dict) else None
-                if "error" in data or (
-                    isinstance(hook_path, str) and os.path.basename(hook_path) == HOOK_NAME
-                ):
-                    found.append((path, data))
+                with open(path, encoding="utf-8") as fh:
+                    data = json.load(fh)
+            except (OSError, ValueError, UnicodeDecodeError) as err:
+                data = {"error": str(err)}
+            hook = data.get("hook") if isinstance(data, dict) else None
+            hook_path = hook.get("path") if isinstance(hook, dict) else None
+            if "error" in data or (
+                isinstance(hook_path, str) and os.path.basename(hook_path) == HOOK_NAME
+            ):
+                found.append((path, data))
         return found
 
-    return ctx._once("hook_files", scan)
+    return ctx.once("hook_files", scan)
 
 
 def _hook_problem(path: str, data: dict) -> str | None:

@@ -419,3 +419,18 @@ def test_prestart_hook_file_is_checked_and_cgroup_v2_fails_it(nodes, launchers):
         shutil.rmtree(node.hooks_dir)
         node.hooks_dir.mkdir()
         shutil.rmtree(cgroup, ignore_errors=True)
+
+
+def test_missing_ld_cache_warns_driver(nodes):
+    node = nodes("single")
+    cache = Path(node.sim.driver_root) / "etc" / "ld.so.cache"
+    cache.rename(cache.with_suffix(".away"))
+    try:
+        code, results = node.doctor("--check", "driver")
+    finally:
+        cache.with_suffix(".away").rename(cache)
+    assert results["driver"] == (
+        "warn",
+        f"{cache}: not found; searching the standard library directories",
+    )
+    assert code == 0

@@ -41,6 +41,7 @@ class Context:
         self.hooks_dirs = tuple(hooks_dirs) or DEFAULT_HOOKS_DIRS
         self.env = os.environ if env is None else env
         self._memo: dict[str, tuple[bool, Any]] = {}
+        self.ld_warnings: list[str] = []  # the driver root's ld.so.cache, read by snapshot()
 
     def once(self, key: str, compute: Callable[[], Any]) -> Any:
         """``compute()`` once; a raised exception is remembered and raised again."""
@@ -66,7 +67,7 @@ class Context:
         def query():
             from nvshim.host import files, nvml
 
-            entries = files.read_ld_cache(self.driver_root, [])
+            entries = files.read_ld_cache(self.driver_root, self.ld_warnings)
             library = nvml.find_library(self.driver_root, entries)
             if library is None and self.driver_root != "/":
                 raise NvshimError(

@@ -42,6 +42,12 @@ def driver(ctx: Context):
     gpus = len(snap.gpus)
     if snap.warnings:
         return warn("driver", _listing(snap.warnings), "check the GPUs NVML reports errors for")
+    if ctx.ld_warnings:
+        return warn(
+            "driver",
+            _listing(ctx.ld_warnings),
+            f"run ldconfig -r {ctx.driver_root} so libraries are found as the loader finds them",
+        )
     if not gpus:
         return fail("driver", f"driver {snap.driver_version}: NVML sees no GPU", "check dmesg")
     return ok("driver", f"driver {snap.driver_version}, {gpus} GPU(s) through NVML")

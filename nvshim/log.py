@@ -51,11 +51,23 @@ def pod_fields(annotations: object) -> dict[str, str]:
     return out
 
 
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n"}
+
+
+def _escape(c: str) -> str:
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    return f"\\x{ord(c):02x}" if c < " " or c == "\x7f" else c
+
+
 def _quote(value: object) -> str:
+    """A value as one word: bare when plain, else quoted with ``\\``, ``\\"``, ``\\n``
+    and ``\\xNN`` (other control characters) escaped, so a hostile value cannot start a
+    line or rewrite the terminal."""
     text = str(value)
     if text and all(c.isalnum() or c in "-_./:,=+@" for c in text):
         return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return '"' + "".join(map(_escape, text)) + '"'
 
 
 def _stamp() -> str:
@@ -169,17 +181,23 @@ def _append(settings: Settings, tool: str, data: bytes) -> None:
         return
     try:
         if settings.max_size and os.fstat(fd).st_size + len(data) > settings.max_size:
-            fd = _rotate(settings, fd)
+            old, fd = fd, -1
+            try:
+                _rotate(settings, old)
+            finally:
+                os.close(old)
+            fd = _open(path)
         os.write(fd, data)
     except OSError as err:
         print(f"{tool}: warning: cannot write log {path}: {err.strerror}", file=sys.stderr)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
-def _rotate(settings: Settings, fd: int) -> int:
+def _rotate(settings: Settings, fd: int) -> None:
     """Shift ``path`` to ``path.1`` (``.1`` to ``.2``...; the oldest dropped) under an
-    exclusive lock, unless another writer did already; return an fd of the live file."""
+    exclusive lock on ``fd`` (the full file), unless another writer did already."""
     import fcntl
 
     path = settings.path
@@ -201,8 +219,6 @@ def _rotate(settings: Settings, fd: int) -> int:
         pass
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
-    return _open(path)
 
 
 def _journal(tool: str, container_id: str, level: str, message: str, fields: dict) -> None:
@@ -259,6 +275,13 @@ def _split(line: str) -> list[str] | None:
     escapes = {"n": "\n", '"': '"', "\\": "\\"}
     while i < len(line):
         c = line[i]
+        if quoted and c == "\\" and line[i + 1 : i + 2] == "x":
+            try:
+                word.append(chr(int(line[i + 2 : i + 4], 16)))
+            except ValueError:
+                return None
+            i += 4
+            continue
         if quoted and c == "\\" and i + 1 < len(line):
             word.append(escapes.get(line[i + 1], line[i + 1]))
             i += 2

@@ -23,7 +23,7 @@ from tests.podman_util import make_busybox_rootfs
 V16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
 IMAGE = "nvshim.test/busybox:log"
 PAUSE = "nvshim.test/pause:log"
-HOSTILE = 'a "quoted"\nvalue\\with=signs'
+HOSTILE = 'a "quoted"\nvalue\\with=signs\r\x1b[2J\tend'
 
 
 def config_for(path, **runtime) -> Config:
@@ -120,6 +120,7 @@ def test_text_lines_read_back_exactly(tmp_path):
         step="prestart",
     )
     (line,) = path.read_text().splitlines()
+    assert not any(c < " " or c == "\x7f" for c in line)  # no control character reaches it
     record = log.parse_line(line)
     assert record["container"] == HOSTILE and record["namespace"] == "crio-ns"
     assert record["step"] == "prestart" and record["tool"] == "nvshim-hook"

@@ -38,6 +38,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
     },
     "sharing": {
         "config": "/etc/nvshim/sharing.yaml",
+        "config-name": "",
+        "config-default": "",
         "mps-root": "/run/nvshim/mps",
         "on-daemon-down": "fail",
     },

@@ -19,19 +19,23 @@ def info(as_json: bool, driver_root: str, dev_root: str, config) -> None:
     if as_json:
         click.echo(json.dumps(host.to_dict(), indent=2))
         return
-    click.echo(render_host(host, sharing=_sharing_modes(config, host)))
+    modes, error = _sharing_modes(config, host)
+    click.echo(render_host(host, sharing=modes))
+    if error is not None:  # the host is still shown; the broken file fails the command
+        raise error
 
 
-def _sharing_modes(config, host: Host) -> dict[str, str]:
-    """Sharing mode per device UUID, from the sharing config (a broken one: a warning)."""
+def _sharing_modes(config, host: Host):
+    """Sharing mode per device UUID from the sharing config, and its error (or None)."""
     from nvshim.errors import NvshimError
-    from nvshim.mps.sharing import sharing_modes
+    from nvshim.mps.sharing import check_sharing, sharing_modes
 
     try:
-        return sharing_modes(config, host)
+        for warning in check_sharing(config):
+            click.echo(f"nvshim: warning: sharing config: {warning}", err=True)
+        return sharing_modes(config, host), None
     except NvshimError as err:
-        click.echo(f"nvshim: warning: sharing config: {err}", err=True)
-        return {}
+        return {}, NvshimError(f"sharing config: {err}")
 
 
 def _gib(nbytes: int) -> str:

@@ -1,8 +1,9 @@
 """CRI-O: ``crio.runtime.runtimes.<name>`` in a drop-in of its own (by default).
 
-The monitor settings (``monitor_path``, ``monitor_cgroup`` ...) are copied from the runtime
-CRI-O uses by default, read from ``crio.conf`` and the other drop-ins the way CRI-O reads
-them (main file, then the drop-in directory in name order).
+Every key of the runtime CRI-O uses by default (``runtime_root``, ``monitor_*``,
+``allowed_annotations`` ...) is copied, read from ``crio.conf`` and the other drop-ins the
+way CRI-O reads them (main file, then the drop-in directory in name order); only
+``runtime_path`` and ``runtime_type`` are nvshim's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from nvshim.engines.settings import Settings
 from nvshim.engines.tomldoc import TomlDoc
 
 RUNTIME = ("crio", "runtime")
-COPIED = ("monitor_path", "monitor_cgroup", "monitor_env", "monitor_exec_cgroup")
 BUILTIN_DEFAULTS = ("crun", "runc")
 
 
@@ -65,18 +65,19 @@ def _effective(paths: list[str]) -> tuple[str | None, dict]:
 
 
 def runtime_table(s: Settings, history: list[dict]) -> dict:
-    """The nvshim handler, with the monitor settings of CRI-O's default runtime (the one
-    before nvshim's when nvshim made itself the default)."""
+    """The nvshim handler: every key of CRI-O's default runtime (the one before nvshim's
+    when nvshim made itself the default), nvshim's binary, type ``oci``."""
     default, runtimes = _effective(source_files(s.config))
     if default == s.runtime_name:
         default = recorded_before(history, RUNTIME + ("default_runtime",))
     entry: dict = {"runtime_path": s.runtime_path, "runtime_type": "oci"}
     for candidate in (default, *BUILTIN_DEFAULTS):
         if candidate and candidate != s.runtime_name and candidate in runtimes:
-            for key in COPIED:
-                if key in runtimes[candidate]:
-                    entry[key] = runtimes[candidate][key]
+            for key, value in runtimes[candidate].items():
+                if key not in entry:
+                    entry[key] = value
             break
+    entry.update(s.override)
     return entry
 
 

@@ -182,7 +182,12 @@ def test_take_over_a_reference_entry_and_give_it_back_byte_exact(tmp_path, capsy
     config.write_text(REFERENCE)
     code, _, err = run_cli(capsys, "configure", *ctd(config, "--runtime-name", "nvidia"))
     assert code == 2
-    assert "runtimes.nvidia exists and was not added by nvshim" in one_error_line(err)
+    assert one_error_line(err) == (
+        f'nvshim: error: {config}: plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia'
+        " runs the NVIDIA Container Toolkit's /usr/local/nvidia/toolkit/nvidia-container-runtime:"
+        " add --take-over to point it at nvshim-runtime (keeping its options; unconfigure gives"
+        " it back), or choose another --runtime-name"
+    )
     assert config.read_text() == REFERENCE
 
     code, out, err = run_cli(

@@ -260,6 +260,21 @@ def runtime_table(
     return entry
 
 
+def _refuse_reference(s: Settings, doc: Document) -> None:
+    """A reference entry of ``--runtime-name`` is taken over only when asked."""
+    if not isinstance(doc, TomlDoc) or doc.is_empty():
+        return
+    keys = CRI_PLUGIN[config_version(doc)] + ("containerd", "runtimes", s.runtime_name)
+    entry = doc.get(keys)
+    if _is_reference(entry):
+        raise UsageError(
+            f"{doc.path}: {dotted(keys)} runs the NVIDIA Container Toolkit's"
+            f" {entry['options']['BinaryName']}: add --take-over to point it at nvshim-runtime"
+            " (keeping its options; unconfigure gives it back), or choose another"
+            " --runtime-name"
+        )
+
+
 def _taken_over(history: list[dict], keys: Keys) -> dict | None:
     """The reference entry an earlier ``--take-over`` replaced (from the records)."""
     for rec in history:
@@ -456,6 +471,8 @@ def plan(
         )
     deep = installed is not None and installed >= DEEP_MERGE_IMPORTS
     deep = deep or getattr(main, "template", False)  # base and template render as one file
+    if not s.take_over:
+        _refuse_reference(s, docs[os.path.abspath(s.drop_in)] if s.drop_in else main)
     if not s.drop_in:
         check_shadowing(s, main, main_version, deep)
         sources = source_docs(s, main, [main])

@@ -7,13 +7,12 @@ tests/engines/corpus and run by test_configure_corpus.py."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests.engines.corpus_cases import CORPUS, clear_engine_env, run_cli, tree
+from tests.engines.corpus_cases import CORPUS, clear_engine_env, containerd_dump, run_cli, tree
 
 V16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
 RUNTIMES = ("plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes")
@@ -34,15 +33,6 @@ def runtime(path: Path, name: str = "nvshim") -> dict:
     for key in RUNTIMES:
         table = table[key]
     return table[name]
-
-
-def dump(path: Path) -> str:
-    return subprocess.run(
-        ["containerd", "--config", str(path), "config", "dump"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
 
 
 def one_error_line(err: str) -> str:
@@ -71,7 +61,7 @@ def test_an_import_holding_the_cri_table_is_refused_before_containerd_2_1(tmp_pa
     assert code == 0, err
     assert runtime(dropin)["options"]["BinaryName"] == "/usr/bin/nvshim-runtime"
     if HAS_CONTAINERD:
-        assert "runtimes.nvshim]" in dump(config)
+        assert "runtimes.nvshim]" in containerd_dump(config)
 
 
 def test_override_json_from_option_or_installer_env(tmp_path, capsys, monkeypatch):
@@ -115,7 +105,9 @@ def test_bad_override_is_one_line_and_changes_nothing(tmp_path, capsys, monkeypa
 
 
 @pytest.mark.skipif(not HAS_CONTAINERD, reason="containerd not installed")
-def test_config_source_command_reads_containerd_config_dump(tmp_path, capsys, monkeypatch):
+def test_config_source_command_reads_containerd_config_containerd_dump(
+    tmp_path, capsys, monkeypatch
+):
     config = tmp_path / "config.toml"
     # runc's options exist only in the effective config: containerd adds its defaults
     config.write_text(
@@ -127,7 +119,7 @@ def test_config_source_command_reads_containerd_config_dump(tmp_path, capsys, mo
     options = runtime(config)["options"]
     assert options["SystemdCgroup"] is True
     assert "runtime_engine" in runtime(config)  # a key only `containerd config dump` shows
-    assert "runtimes.nvshim]" in dump(config)
+    assert "runtimes.nvshim]" in containerd_dump(config)
     run_cli(capsys, "unconfigure", *ctd(config))
     # containerd not runnable: the file is read instead (the installer's default order)
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
@@ -202,7 +194,7 @@ def test_take_over_a_reference_entry_and_give_it_back_byte_exact(tmp_path, capsy
     assert entry["privileged_without_host_devices"] is False
     assert 'default_runtime_name = "nvidia"' in config.read_text()  # pods keep their class
     if HAS_CONTAINERD:
-        assert 'BinaryName = "/usr/bin/nvshim-runtime"' in dump(config)
+        assert 'BinaryName = "/usr/bin/nvshim-runtime"' in containerd_dump(config)
     again = run_cli(capsys, "configure", *ctd(config, "--runtime-name", "nvidia", "--take-over"))
     assert again[1].splitlines()[-1].startswith("no change:")
 

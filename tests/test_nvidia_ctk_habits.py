@@ -67,31 +67,16 @@ def test_drop_in_config_alias(tmp_path, capsys, monkeypatch):
     clear_engine_env(monkeypatch, "2.1.0")
     config = tmp_path / "config.toml"
     dropin = tmp_path / "conf.d" / "99-nvshim.toml"
-    code, _, err = run_cli(
-        capsys,
-        "runtime",
-        "configure",
-        "--runtime",
-        "containerd",
-        "--config",
-        str(config),
-        "--drop-in-config",
-        str(dropin),
-    )
+
+    def ctk(verb: str) -> tuple[int, str, str]:
+        argv = ["--runtime", "containerd", "--config", str(config), "--drop-in-config", str(dropin)]
+        return run_cli(capsys, "runtime", verb, *argv)
+
+    code, _, err = ctk("configure")
     assert code == 0, err
     assert "runtimes.nvshim" in dropin.read_text()
     assert str(dropin) in config.read_text()  # imported by the main file
-    code, _, err = run_cli(
-        capsys,
-        "runtime",
-        "unconfigure",
-        "--runtime",
-        "containerd",
-        "--config",
-        str(config),
-        "--drop-in-config",
-        str(dropin),
-    )
+    code, _, err = ctk("unconfigure")
     assert code == 0, err
     assert tree(tmp_path) == {}
 

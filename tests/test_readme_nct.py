@@ -8,12 +8,12 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import tomllib
 
 import pytest
 
 from tests.conftest import REPO, run_nvshim
+from tests.engines.corpus_cases import containerd_dump
 from tests.test_configure_inherit import REFERENCE
 
 SECTION = "## Coming from the NVIDIA Container Toolkit"
@@ -87,13 +87,7 @@ def test_migration_and_back_as_the_readme_says(tmp_path, sim_hosts):
     assert rows["0"].rstrip().endswith("time-slicing x8")  # a100-40gb: mixed, gpu x8
     assert rows["6:2"].rstrip().endswith("none")
     if shutil.which("containerd"):
-        dump = subprocess.run(
-            ["containerd", "--config", str(containerd), "config", "dump"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        assert 'BinaryName = "/usr/bin/nvshim-runtime"' in dump
+        assert 'BinaryName = "/usr/bin/nvshim-runtime"' in containerd_dump(containerd)
 
     for argv, code in back:
         proc = run_nvshim(*argv, env=env)

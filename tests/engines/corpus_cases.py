@@ -107,3 +107,15 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def containerd_dump(config) -> str:
+    """``containerd --config CONFIG config dump``: the effective config containerd loads."""
+    import subprocess
+
+    return subprocess.run(
+        ["containerd", "--config", str(config), "config", "dump"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout

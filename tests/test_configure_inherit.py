@@ -243,3 +243,55 @@ def test_crio_copies_every_key_and_takes_the_override(tmp_path, capsys, monkeypa
         "runtime_config_path": "/etc/runc.json",
         "privileged_without_host_devices": True,
     }
+
+
+def test_gpu_operator_installer_names_first_wins_go_booleans(tmp_path, capsys, monkeypatch):
+    config = tmp_path / "config.toml"
+    config.write_text(V16)
+    monkeypatch.setenv("RUNTIME_CONFIG", str(config))
+    monkeypatch.setenv("CONTAINERD_CONFIG", str(tmp_path / "not-this.toml"))
+    monkeypatch.setenv("NVIDIA_RUNTIME_NAME", "gpu")
+    monkeypatch.setenv("CONTAINERD_RUNTIME_CLASS", "not-this")
+    monkeypatch.setenv("NVIDIA_RUNTIME_SET_AS_DEFAULT", "T")  # Go's ParseBool
+    monkeypatch.setenv("RUNTIME_ENABLE_CDI", "F")
+    code, _, err = run_cli(capsys, "configure", "--runtime", "containerd")
+    assert code == 0, err
+    cri = tomllib.loads(config.read_text())["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["containerd"]["default_runtime_name"] == "gpu"
+    assert set(cri["containerd"]["runtimes"]) == {"runc", "gpu"}
+    assert cri.get("enable_cdi") is not True
+    assert not (tmp_path / "not-this.toml").exists()
+
+
+FAKE_CRIO = """#!/bin/sh
+[ "$1 $2" = "status config" ] || exit 3
+cat <<'END'
+[crio.runtime]
+default_runtime = "runc"
+[crio.runtime.runtimes.runc]
+runtime_path = "/usr/sbin/runc"
+runtime_root = "/run/effective-root"
+END
+"""
+
+
+def test_crio_config_source_command_reads_crio_status_config(tmp_path, capsys, monkeypatch):
+    """`crio status config` asks the running daemon (none here): a stand-in prints it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "crio").write_text(FAKE_CRIO)
+    (bin_dir / "crio").chmod(0o755)
+    (tmp_path / "crio.conf").write_text('[crio.runtime.runtimes.runc]\nruntime_root = "/file"\n')
+    dropin = tmp_path / "crio.conf.d" / "99-nvshim.toml"
+    argv = ["configure", "--runtime", "crio", "--config", str(dropin)]
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    code, _, err = run_cli(capsys, *argv, "--config-source", "command,file")
+    assert code == 0, err
+    table = tomllib.loads(dropin.read_text())["crio"]["runtime"]["runtimes"]["nvshim"]
+    assert table["runtime_root"] == "/run/effective-root"
+    run_cli(capsys, "unconfigure", "--runtime", "crio", "--config", str(dropin))
+    (bin_dir / "crio").write_text("#!/bin/sh\nexit 1\n")  # daemon not running: the files
+    code, _, err = run_cli(capsys, *argv, "--config-source", "command,file")
+    assert code == 0, err
+    table = tomllib.loads(dropin.read_text())["crio"]["runtime"]["runtimes"]["nvshim"]
+    assert table["runtime_root"] == "/file"

@@ -123,7 +123,14 @@ def template_version(s: Settings) -> int:
     return new_file_version(s) if rendered.is_empty() else config_version(rendered)
 
 
+BASE_TEMPLATE = '{{ template "base" . }}\n'
+
+
 def load(path: str, text: str) -> Document:
+    """The document of ``path``; a missing k3s/RKE2 ``config.toml.tmpl`` starts as the
+    base template, so it renders what k3s would plus nvshim's runtime."""
+    if path.endswith(".tmpl") and not text.strip():
+        text = BASE_TEMPLATE
     return TomlDoc(text, path)
 
 

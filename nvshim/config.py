@@ -40,6 +40,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "config": "/etc/nvshim/sharing.yaml",
         "config-name": "",
         "config-default": "",
+        "mig-strategy": "",
         "mps-root": "/run/nvshim/mps",
         "on-daemon-down": "fail",
     },

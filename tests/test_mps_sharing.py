@@ -400,3 +400,20 @@ def test_check_sharing_for_the_installer(tmp_path, h100):
     assert check_sharing(config) == []  # the shape is fine
     with pytest.raises(NvshimError, match="GPU in MIG mode 6"):
         check_sharing(config, h100)  # the host is not
+
+
+def test_mig_strategy_key_wins_over_the_file_as_the_plugin_flag_does(tmp_path, sim_hosts):
+    """The GPU Operator passes MIG_STRATEGY to the device plugin, which beats the file."""
+    sim = sim_hosts(H100)
+    text = "version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}\n"
+    _, proc = _info(sim, tmp_path, text, 'mig-strategy = "mixed"\n')
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    assert rows["6"].rstrip().endswith("none")  # mixed: GPU 6 is its MIG devices
+    assert rows["5"].rstrip().endswith("time-slicing x2")
+    _, proc = _info(sim, tmp_path, text, 'mig-strategy = "mixd"\n')
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"nvshim: error: sharing config: {tmp_path / 'config.toml'}: sharing.mig-strategy: "
+        "must be none, single or mixed, got 'mixd'\n"
+    )

@@ -25,8 +25,10 @@ device plugin does. MPS on MIG devices is refused. Unknown keys are warned about
 Per-node selection: the file may hold several named configs (the device plugin ConfigMap's
 ``data``, or the whole ConfigMap manifest); ``[sharing] config-name`` (or the env
 ``NVSHIM_SHARING_CONFIG_NAME``) picks one, else ``[sharing] config-default``, else the only
-one. ``check_sharing`` validates everything (for ``nvshim info``, ``config show`` and the node
-installer); every problem is one NvshimError line naming the file and the key.
+one. ``[sharing] mig-strategy`` stands for the device plugin's ``--mig-strategy`` (it wins
+over the file's). ``check_sharing`` validates everything (for ``nvshim info``, ``config
+show`` and the node installer); every problem is one NvshimError line naming the file and
+the key.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ RESOURCE_PREFIX = "nvidia.com/"
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 NAME_ENV = "NVSHIM_SHARING_CONFIG_NAME"
+STRATEGY_ENV = "NVSHIM_MIG_STRATEGY"
 
 # the device plugin's top-level keys; only version, flags and sharing matter here
 _TOP_KEYS = ("version", "flags", "resources", "sharing", "imex")
@@ -443,9 +446,25 @@ def resolve_sharing(config: SharingConfig, host: Host) -> dict[str, SharedDevice
 
 def config_for(config) -> SharingConfig | None:
     """The sharing config nvshim's ``config`` names (``[sharing] config``, selected by
-    ``config-name``/``config-default``); None when the file does not exist."""
+    ``config-name``/``config-default``); None when the file does not exist. ``[sharing]
+    mig-strategy`` (or ``NVSHIM_MIG_STRATEGY``), when set, wins over the file's
+    ``flags.migStrategy``, as the device plugin's ``--mig-strategy``/``MIG_STRATEGY`` do
+    (the GPU Operator sets those, not the file)."""
     name, default = selected_name(config)
-    return load_sharing_config(config.get("sharing", "config"), name, default)
+    sharing = load_sharing_config(config.get("sharing", "config"), name, default)
+    strategy = os.environ.get(STRATEGY_ENV) or config.values["sharing"].get("mig-strategy")
+    if sharing is None or not strategy:
+        return sharing
+    if strategy not in MIG_STRATEGIES:
+        source = (
+            STRATEGY_ENV
+            if os.environ.get(STRATEGY_ENV)
+            else f"{config.path or 'config'}: sharing.mig-strategy"
+        )
+        raise NvshimError(f"{source}: must be none, single or mixed, got {_show(strategy)}")
+    from nvshim.record import replace
+
+    return replace(sharing, mig_strategy=strategy)
 
 
 def check_sharing(config, host: Host | None = None) -> list[str]:

@@ -44,10 +44,15 @@ def test_type_index_and_no_all_device(sim_hosts, tmp_path):
 
 def test_management_mode_has_the_nodes_and_no_compute_libraries(sim_hosts):
     sim = sim_hosts("h100x8-mig")
+    for minor in (1, 2):  # the MIG config and monitor capabilities (mig-minors: 1 and 2)
+        assert stat.S_ISCHR(os.stat(sim.host_path(f"/dev/nvidia-caps/nvidia-cap{minor}")).st_mode)
     spec = yaml.safe_load(generate(sim, "--mode", "management").stdout)
     assert _names(spec) == ["all"]
     nodes = {n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]}
-    assert nodes == {f"/dev/nvidia{i}" for i in range(8)}  # GPUs in MIG mode included
+    assert nodes == {f"/dev/nvidia{i}" for i in range(8)} | {  # GPUs in MIG mode included
+        "/dev/nvidia-caps/nvidia-cap1",
+        "/dev/nvidia-caps/nvidia-cap2",
+    }
     common = spec["containerEdits"]
     assert {n["path"] for n in common["deviceNodes"]} == {"/dev/nvidiactl"}  # no UVM
     mounts = {m["containerPath"] for m in common["mounts"]}

@@ -81,9 +81,16 @@ def build_management_spec(
     host: Host, hook_path: str, vendor: str = "nvidia.com", cls: str = "gpu"
 ) -> dict[str, Any]:
     """The spec a monitoring container (a metrics exporter) needs: one ``all`` device
-    with every GPU node (GPUs in MIG mode included) and the control node, and the
-    ``utility`` files (NVML, nvidia-smi) only: no compute libraries, no UVM."""
+    with every GPU node (GPUs in MIG mode included), the MIG config and monitor capability
+    nodes when present, the control node, and the ``utility`` files (NVML, nvidia-smi)
+    only: no compute libraries, no UVM."""
     nodes = [g.node for g in host.gpus if g.node is not None]
+    if any(g.mig_enabled for g in host.gpus):  # MIG metrics: the config and monitor caps
+        from nvshim.host.devices import cap_node, read_mig_minors
+
+        minors = read_mig_minors(host.dev_root, [])
+        found = (cap_node(host.dev_root, None, m) for m in (minors.config, minors.monitor))
+        nodes += [n for n in found if n is not None]
     edits = ContainerEdits(device_nodes=[node_edit(n) for n in nodes])
     devices = [{"name": "all", "containerEdits": edits.to_cdi()}] if nodes else []
     return _spec(vendor, cls, devices, common_edits(host, ("utility",), hook_path))

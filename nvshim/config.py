@@ -43,6 +43,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
     },
     "sharing": {
         "config": "/etc/nvshim/sharing.yaml",
+        "config-name": "",
+        "config-default": "",
+        "mig-strategy": "",
         "mps-root": "/run/nvshim/mps",
         "on-daemon-down": "fail",
     },

@@ -313,6 +313,8 @@ BAD = [
     ({"NVIDIA_RUNTIME_NAME": "runc"}, "NVIDIA_RUNTIME_NAME"),
     ({"CRIO_CONFIG_MODE": "both"}, "CRIO_CONFIG_MODE='both'"),
     ({"NVSHIM_SHARING_CONFIG": "{sharing}"}, "NVSHIM_SHARING_CONFIG="),
+    ({"CREATE_DEVICE_NODES": "all"}, "CREATE_DEVICE_NODES='all'"),
+    ({"RUNTIME_CONFIG_OVERRIDE": "{not json"}, "RUNTIME_CONFIG_OVERRIDE"),
 ]
 
 
@@ -367,10 +369,27 @@ def test_sharing_config_that_does_not_fit_the_host_changes_nothing(scratch, tmp_
     sharing = tmp_path / "sharing.yaml"
     sharing.write_text(
         "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
-        "      replicas: 2\n      devices: [7]\n"
+        "      replicas: 1000\n"
     )
     before = scratch.snapshot()
     done = node("install", env=scratch.env(NVSHIM_SHARING_CONFIG=str(sharing)))
     assert done.returncode != 0
     assert str(sharing) in done.stderr.strip().splitlines()[-1]
     assert scratch.snapshot() == before
+
+
+def test_create_device_nodes_control(scratch):
+    missing = [scratch.path(f"{SIM_DIR}/dev/nvidia0"), scratch.path(f"{SIM_DIR}/dev/nvidiactl")]
+    before = {p: os.stat(p) for p in missing}
+    for path in missing:
+        path.unlink()
+    installed(scratch, CREATE_DEVICE_NODES="control")
+    for path, st in before.items():
+        now = os.stat(path)
+        assert (now.st_mode, now.st_rdev) == (st.st_mode, st.st_rdev), path
+
+
+def test_runtime_config_override_reaches_the_runtime_entry(scratch):
+    installed(scratch, RUNTIME_CONFIG_OVERRIDE='{"SystemdCgroup": true}')
+    options = cri(toml(scratch.config))["containerd"]["runtimes"]["nvshim"]["options"]
+    assert options["SystemdCgroup"] is True

@@ -142,7 +142,6 @@ sharing:
     resources:
     - name: nvidia.com/gpu
       replicas: 4
-      devices: [1]
 """
 
 
@@ -155,23 +154,23 @@ def _mps_pid(pipe: str) -> int | None:
 
 
 def test_mps_daemons_are_supervised_and_stopped(tmp_path):
-    scratch = Scratch(tmp_path, "h100x8-mig", fake_mps_control.extra_files())
+    scratch = Scratch(tmp_path, "single", fake_mps_control.extra_files())
     sharing = tmp_path / "sharing.yaml"
     sharing.write_text(SHARING)
     env = scratch.env(NVSHIM_SHARING_CONFIG=str(sharing), CDI_ENABLED="true")
-    uuid = scratch.sim.gpu_uuids()[1]
+    uuid = scratch.sim.gpu_uuids()[0]
     pipe = scratch.path(f"/run/nvshim/mps/{uuid}/pipe")
     log = tmp_path / "log"
     proc = start_node(env, log)
     try:
         wait_for(scratch.ready.exists, proc=proc, log=log)
         first = _mps_pid(str(pipe))
-        assert first is not None and f"MPS daemon of 1 ({uuid}) started" in log.read_text()
+        assert first is not None and f"MPS daemon of 0 ({uuid}) started" in log.read_text()
         placed = scratch.path("/etc/nvshim/sharing.yaml").read_text()
         assert placed == SHARING
         shared = yaml.safe_load(scratch.path("/var/run/cdi/nvshim-shared.yaml").read_text())
         assert shared["kind"] == "nvidia.com/gpu.shared"
-        assert [d["name"] for d in shared["devices"]] == ["1", uuid]
+        assert [d["name"] for d in shared["devices"]] == ["0", uuid]
         mounts = shared["devices"][0]["containerEdits"]["mounts"]
         assert f"/run/nvshim/mps/{uuid}/pipe" in [m["hostPath"] for m in mounts]  # host path
         os.kill(first, signal.SIGKILL)

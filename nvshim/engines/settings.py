@@ -68,16 +68,33 @@ ENV: dict[str, dict[str, tuple[str, ...]]] = {
     "drop_in": {"containerd": ("NVSHIM_CONTAINERD_DROP_IN",)},
     "restart": {"*": ("NVSHIM_RESTART", "RUNTIME_RESTART_MODE")},
     "containerd_version": {"*": ("NVSHIM_CONTAINERD_VERSION",)},
+    # the GPU Operator's toolkit installer names (FACTS: its environment)
+    "config_source": {
+        "*": ("NVSHIM_CONFIG_SOURCE", "RUNTIME_CONFIG_SOURCES", "RUNTIME_CONFIG_SOURCE")
+    },
+    "runtime_config_override": {
+        "containerd": (
+            "NVSHIM_RUNTIME_CONFIG_OVERRIDE",
+            "RUNTIME_CONFIG_OVERRIDE",
+            "CONTAINERD_RUNTIME_CONFIG_OVERRIDE",
+        ),
+        "*": ("NVSHIM_RUNTIME_CONFIG_OVERRIDE", "RUNTIME_CONFIG_OVERRIDE"),
+    },
+    "take_over": {"*": ("NVSHIM_TAKE_OVER",)},
+    "cgroup_driver": {"*": ("NVSHIM_CGROUP_DRIVER",)},
 }
-BOOL_SETTINGS = ("set_as_default", "enable_cdi")
+CONFIG_SOURCES = ("command", "file")
+CGROUP_DRIVERS = ("systemd", "cgroupfs")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 _ENGINE_OWN_RUNTIMES = ("runc", "crun")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
-# Go's strconv.ParseBool, exactly (the GPU Operator's variables)
+# the usual words (NVSHIM_* variables), and Go's strconv.ParseBool exactly (the GPU
+# Operator's variables)
+_TRUE = ("1", "t", "true", "yes", "on")
+_FALSE = ("0", "f", "false", "no", "off", "")
 GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
 GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+_BOOLEANS = ("set_as_default", "enable_cdi", "take_over")
 
 
 @record(frozen=True)
@@ -95,7 +112,22 @@ class Settings:
     restart: str = "none"
     socket: str = ""
     containerd_version: str | None = None
+    config_source: str = "file"  # "command,file": read the engine's effective config first
+    runtime_config_override: str | None = None  # JSON object merged into the options
+    take_over: bool = False  # re-point a reference `nvidia` entry at nvshim-runtime
+    cgroup_driver: str | None = None  # systemd/cgroupfs; None: detected from the host
     host_root: str = "/"  # the engine's root filesystem as seen here (`nvshim node`)
+
+    def cgroup_driver_or_host(self) -> str:
+        """``cgroup_driver``, else the host's (for a runtime with nothing to copy)."""
+        return self.cgroup_driver or host_cgroup_driver()
+
+    @property
+    def override(self) -> dict:
+        """``runtime_config_override`` parsed (checked by ``resolve_settings``)."""
+        import json
+
+        return json.loads(self.runtime_config_override) if self.runtime_config_override else {}
 
     @property
     def unit(self) -> str:
@@ -110,6 +142,12 @@ class Settings:
             return container_path(self.host_root, path)
         except ValueError:
             return path
+
+
+def host_cgroup_driver(root: str = "/") -> str:
+    """``systemd`` when systemd runs the host (kubelet and the engines then use its cgroup
+    driver), else ``cgroupfs``."""
+    return "systemd" if os.path.isdir(os.path.join(root, "run/systemd/system")) else "cgroupfs"
 
 
 def from_env(setting: str, engine: str, env: Mapping[str, str]) -> tuple[str, str] | None:
@@ -163,7 +201,7 @@ def resolve_settings(
             continue
         name, raw = found
         sources[setting] = name
-        values[setting] = parse_bool(name, raw) if setting in BOOL_SETTINGS else raw
+        values[setting] = parse_bool(name, raw) if setting in _BOOLEANS else raw
     values.setdefault("config", DEFAULT_CONFIG[engine])
     values.setdefault("socket", DEFAULT_SOCKET[engine])
     for flag in ("dry_run",):
@@ -206,3 +244,25 @@ def _validate(s: Settings, sources: Mapping[str, str]) -> None:
         )
     if s.restart == "signal" and not s.socket:
         raise UsageError(f"{src('socket')}: empty path")
+    sources_given = [x.strip() for x in s.config_source.split(",")]
+    if not all(x in CONFIG_SOURCES for x in sources_given):
+        raise UsageError(
+            f"{src('config_source')} {s.config_source!r}: expected a list of command and file"
+        )
+    if s.cgroup_driver is not None and s.cgroup_driver not in CGROUP_DRIVERS:
+        raise UsageError(
+            f"{src('cgroup_driver')} {s.cgroup_driver!r}: expected systemd or cgroupfs"
+        )
+    if s.runtime_config_override:
+        _check_override(src("runtime_config_override"), s.runtime_config_override)
+
+
+def _check_override(source: str, text: str) -> None:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise UsageError(f"{source}: not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{source}: must be a JSON object, got {type(value).__name__}")

@@ -77,7 +77,9 @@ VARS: dict[str, tuple[str, ...]] = {
     "sharing_config": ("NVSHIM_SHARING_CONFIG",),
     "node_config": ("NVSHIM_NODE_CONFIG",),
     "host_config": ("NVSHIM_HOST_CONFIG",),
+    "device_nodes": ("NVSHIM_CREATE_DEVICE_NODES", "CREATE_DEVICE_NODES"),
 }
+DEVICE_NODE_KINDS = ("control", "none")
 BOOLS = (
     "cdi_enabled",
     "no_daemon",
@@ -89,17 +91,8 @@ BOOLS = (
 )
 # Variables of the reference installer nvshim reads but cannot act on: (names, why).
 UNHONOURED: tuple[tuple[tuple[str, ...], str], ...] = (
-    (
-        ("RUNTIME_CONFIG_SOURCES", "RUNTIME_CONFIG_SOURCE"),
-        "nvshim edits the config file itself and never reads `config dump` output",
-    ),
     (("RUNTIME_EXECUTABLE_PATH",), "nvshim does not run the engine's binary"),
     (("CONTAINERD_USE_LEGACY_CONFIG",), "the config version is read from the file"),
-    (
-        ("RUNTIME_CONFIG_OVERRIDE", "CONTAINERD_RUNTIME_CONFIG_OVERRIDE"),
-        "the runtime entry copies the default runtime's options; no override is merged",
-    ),
-    (("CREATE_DEVICE_NODES",), "nvshim does not create device nodes on the host"),
     (("CRIO_HOOK_FILENAME",), "the hook file is always oci-nvshim-hook.json"),
 )
 RUNC_V2 = "io.containerd.runc.v2"
@@ -132,6 +125,7 @@ class NodeSettings:
     sharing_config: str | None = None  # in the installer
     node_config: str | None = None  # in the installer
     host_config: str = DEFAULT_HOST_CONFIG  # host path
+    create_device_nodes: bool = False  # CREATE_DEVICE_NODES=control
     policy: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -329,6 +323,13 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
             raise UsageError(f"{src('low_level_runtimes')}: empty list")
         policy["runtimes"] = runtimes
 
+    kinds = _list(values.get("device_nodes") or "none")
+    bad = [k for k in kinds if k not in DEVICE_NODE_KINDS]
+    if bad:
+        raise UsageError(
+            f"{src('device_nodes')}={values['device_nodes']!r}: expected control or none"
+        )
+
     no_config = bool(values.get("no_runtime_config")) or crio_hooks
     _warn_unhonoured(env, warnings)
     engine_settings = None if no_config else _engine_settings(values, env, options)
@@ -355,6 +356,7 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
         sharing_config=paths["sharing_config"],
         node_config=paths["node_config"],
         host_config=paths["host_config"],
+        create_device_nodes="control" in kinds,
         policy=policy,
         warnings=warnings,
     )

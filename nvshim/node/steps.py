@@ -118,15 +118,13 @@ def _read(path: str) -> str:
 
 def check_inputs(s: NodeSettings) -> None:
     """Refuse bad mounted files before anything is changed."""
-    from nvshim.config import parse_config
-    from nvshim.mps.sharing import load_sharing_config
+    from nvshim.mps.sharing import check_sharing
 
-    if s.node_config:
-        parse_config(_read(s.node_config).encode(), s.node_config)
+    config = host_side_config(s)  # parses the mounted config.toml
     if s.sharing_config:
         if not os.path.isfile(s.sharing_config):
             raise NvshimError(f"{s.sharing_config}: sharing config not found")
-        load_sharing_config(s.sharing_config)
+        check_sharing(config)
 
 
 def host_configs(s: NodeSettings) -> tuple[str, str]:
@@ -168,6 +166,16 @@ def host_side_config(s: NodeSettings):
         values = default_values()
     values["sharing"]["config"] = s.sharing_config or ""
     return Config(values, s.node_config)
+
+
+def create_device_nodes(s: NodeSettings, say: Say) -> None:
+    """CREATE_DEVICE_NODES=control: the GPUs' and control device nodes the host lacks
+    (``nvshim system create-device-nodes --control-devices``'s code). They stay on the
+    host after uninstall, as device nodes the driver would make."""
+    from nvshim.host.mknodes import create_missing
+
+    for line in create_missing(s.driver_root_ctr, s.dev_root_ctr, True):
+        say(line)
 
 
 def write_cdi(s: NodeSettings, say: Say, host) -> None:
@@ -241,17 +249,18 @@ def install(s: NodeSettings, say: Say) -> object:
     """Every install step (after :func:`preflight`); returns the discovered host
     (installer view) or None. Discovery and the sharing config's check against the
     host come first: a failure there changes nothing."""
+    if s.create_device_nodes:
+        create_device_nodes(s, say)
     host = None
     if s.cdi_enabled or s.sharing_config:
         host = discover(s)
         for warning in host.warnings:
             say(f"warning: {warning}")
     if s.sharing_config:
-        from nvshim.mps.sharing import load_sharing_config, resolve_sharing
+        from nvshim.mps.sharing import check_sharing
 
-        sharing = load_sharing_config(s.sharing_config)
-        if sharing is not None:
-            resolve_sharing(sharing, host)
+        for warning in check_sharing(host_side_config(s), host):
+            say(f"warning: {warning}")
     for path in install_files(s):
         say(f"installed {path}")
     write_configs(s, say)

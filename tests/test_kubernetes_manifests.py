@@ -98,7 +98,7 @@ def _known_names() -> set[str]:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_daemonset_matches_what_nvshim_node_reads(overlay):
+def test_daemonset_matches_what_nvshim_node_reads(overlay, tmp_path):
     docs = render(overlay)
     pod, container = _container(docs)
     env = {e["name"]: e["value"] for e in container["env"]}
@@ -118,10 +118,21 @@ def test_daemonset_matches_what_nvshim_node_reads(overlay):
         mount, volume = _mount_for(path, pod, container)
         data = maps[volume["configMap"]["name"]]["data"]
         assert os.path.relpath(path, mount["mountPath"]) in data
-    node_config = maps[_mount_for(s.node_config, pod, container)[1]["configMap"]["name"]]
-    from nvshim.config import parse_config
+    # the installer accepts the ConfigMaps' files as they are
+    from nvshim.node.steps import check_inputs
 
-    assert parse_config(node_config["data"]["config.toml"].encode(), "config.toml").warnings == []
+    given = {}
+    for path in (s.node_config, s.sharing_config):
+        volume = _mount_for(path, pod, container)[1]
+        copy = tmp_path / os.path.basename(path)
+        copy.write_text(maps[volume["configMap"]["name"]]["data"][os.path.basename(path)])
+        given[path] = str(copy)
+    env_here = {
+        **env,
+        "NVSHIM_NODE_CONFIG": given[s.node_config],
+        "NVSHIM_SHARING_CONFIG": given[s.sharing_config],
+    }
+    check_inputs(resolve_node({}, env_here))
 
     # the readiness probe looks at the file the installer writes, on a writable volume
     assert container["readinessProbe"]["exec"]["command"] == ["test", "-e", s.ready_file]

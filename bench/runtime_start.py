@@ -28,7 +28,7 @@ from tests.sim.simhost import build_host  # noqa: E402
 from tests.sim.topology import generate_topology  # noqa: E402
 
 
-def _start_once(work_root, golden, binary, request, env, name) -> float:
+def start_once(work_root, golden, binary, request, env, name) -> float:
     """Wall time of one ``<binary> run`` of a fresh busybox bundle (then removed)."""
     work = os.path.join(work_root, f"run-{name}")
     rootfs = os.path.join(work, "rootfs")
@@ -43,6 +43,24 @@ def _start_once(work_root, golden, binary, request, env, name) -> float:
         raise SystemExit(f"{binary} ({name}): {proc.stderr.strip()}")
     shutil.rmtree(work)
     return elapsed
+
+
+def interleaved(work_root, cases, env, runs: int) -> dict[str, list[float]]:
+    """Start times of each case ``(label, binary, request, golden rootfs)`` over ``runs``
+    rounds after one warm-up round. The cases are interleaved round by round, so drift
+    on the machine hits every case alike; compare them through paired differences."""
+    times: dict[str, list[float]] = {label: [] for label, *_ in cases}
+    for i in range(runs + 1):
+        for n, (label, binary, request, golden) in enumerate(cases):
+            elapsed = start_once(work_root, golden, binary, request, env, f"{n}-{i}")
+            if i:  # the first round is a warm-up
+                times[label].append(elapsed)
+    return times
+
+
+def paired_added_ms(values: list[float], bare: list[float]) -> float:
+    """The added time in ms: the median of each round's difference to bare runc."""
+    return statistics.median([v - b for v, b in zip(values, bare, strict=True)]) * 1000
 
 
 def main() -> None:
@@ -87,21 +105,12 @@ def main() -> None:
             env={**env, "PYTHONPATH": REPO},
             check=True,
         )
-        times: dict[str, list[float]] = {label: [] for label, *_ in cases}
-        # cases interleaved round by round, so drift on the machine hits every case alike;
-        # the added time is the median of each round's difference to bare runc
-        for i in range(opts.runs + 1):
-            for n, (label, binary, request, golden) in enumerate(cases):
-                elapsed = _start_once(work_root, golden, binary, request, env, f"{n}-{i}")
-                if i:  # the first round is a warm-up
-                    times[label].append(elapsed)
+        times = interleaved(work_root, cases, env, opts.runs)
         bare = times["bare runc"]
         print(f"container start (runc run of busybox /bin/true), median of {opts.runs} rounds:")
         added = {}
         for label, values in times.items():
-            added[label] = (
-                statistics.median([v - b for v, b in zip(values, bare, strict=True)]) * 1000
-            )
+            added[label] = paired_added_ms(values, bare)
             median = statistics.median(values)
             print(
                 f"  {label:<20} {median * 1000:7.1f} ms  added {added[label]:+6.1f} ms"

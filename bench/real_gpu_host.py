@@ -85,13 +85,13 @@ def units(info: dict[str, Any]) -> list[Unit]:
     return out
 
 
-def _nvml_modes(info: dict[str, Any]) -> dict[str, Any]:
-    """Compute and persistence mode of each GPU through the host's NVML (pynvml)."""
+def _nvml_state(driver_root: str, dev_root: str) -> dict[str, Any]:
+    """Per GPU, freshly discovered: MIG mode and devices, compute and persistence mode."""
     from nvshim.host.discover import discover_host
     from nvshim.mps.compute import get_compute_mode, nvml_session
 
     out: dict[str, Any] = {}
-    host = discover_host(info["driver_root"], info["dev_root"])
+    host = discover_host(driver_root, dev_root)
     with nvml_session(host) as pynvml:
         for gpu in host.gpus:
             handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
@@ -100,6 +100,8 @@ def _nvml_modes(info: dict[str, Any]) -> dict[str, Any]:
             except pynvml.NVMLError as err:
                 persistence = f"n/a ({err})"
             out[gpu.uuid] = {
+                "mig_enabled": gpu.mig_enabled,
+                "mig_devices": sorted(m.uuid for m in gpu.mig_devices),
                 "compute_mode": get_compute_mode(pynvml, gpu.uuid),
                 "persistence_mode": persistence,
             }
@@ -116,21 +118,15 @@ def _path_state(path: str) -> object:
     return (st.st_mode, st.st_size, st.st_mtime_ns)
 
 
-def snapshot(info: dict[str, Any], nvidia_smi: str | None) -> dict[str, Any]:
-    """What the kit must leave as it found it: the MIG layout (nvshim's view), compute
-    and persistence modes (NVML), nvidia-smi's modes and ``-L`` when there is one, and
-    nvshim's default host paths."""
-    state: dict[str, Any] = {
-        "mig_layout": {
-            g["uuid"]: (g["mig_enabled"], sorted(m["uuid"] for m in g["mig_devices"]))
-            for g in info["gpus"]
-        },
-        "host_paths": {p: _path_state(p) for p in HOST_PATHS},
-    }
+def snapshot(driver_root: str, dev_root: str, nvidia_smi: str | None) -> dict[str, Any]:
+    """What the kit must leave as it found it: each GPU's MIG mode and devices, compute
+    and persistence mode (NVML), nvidia-smi's modes and ``-L`` when there is one, and
+    nvshim's config and CDI paths on the host."""
+    state: dict[str, Any] = {"host_paths": {p: _path_state(p) for p in HOST_PATHS}}
     try:
-        state["nvml_modes"] = _nvml_modes(info)
+        state["gpus"] = _nvml_state(driver_root, dev_root)
     except Exception as err:  # noqa: BLE001 - recorded, compared like any value
-        state["nvml_modes"] = f"unreadable: {err}"
+        state["gpus"] = f"unreadable: {err}"
     if nvidia_smi:
         try:
             state["smi_modes"] = smi_query(nvidia_smi, SMI_MODES)

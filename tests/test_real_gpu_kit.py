@@ -191,8 +191,8 @@ def test_kit_on_a_simulated_host(sim_hosts, tmp_path):
             assert row["status"] == "skip", check
             assert "driver not loaded" in row["detail"] and "has no cuInit" in row["detail"]
     passed = {k for k, v in rows.items() if v["status"] == "pass"}
-    cases = ("all", "index 7:6", f"UUID {sim.gpu_uuids()[0]}", "0 with CUDA_VISIBLE_DEVICES "
-             "widened", "env request, unprivileged, default policy")  # fmt: skip
+    cases = ("all", "one index", "one UUID", "CUDA_VISIBLE_DEVICES widened",
+             "env request, unprivileged, default policy")  # fmt: skip
     wanted = {f"{engine}: {case}: device nodes" for engine in ("runc", "podman") for case in cases}
     wanted |= {"runc: none: device nodes", "nvshim info --json", "info vs nvidia-smi --query-gpu",
                "MIG devices vs nvidia-smi -L", "cdi generate + validate", "CDI host paths exist",
@@ -205,7 +205,16 @@ def test_kit_on_a_simulated_host(sim_hosts, tmp_path):
         "supports up to CUDA 12.4" in rows["NVIDIA_REQUIRE_CUDA above the driver refused"]["detail"]
     )
     # the MIG device asked for by index: its parent node and its two capability nodes
-    assert "nvidia6 and 2 MIG cap node(s)" in rows["runc: index 7:6: device nodes"]["detail"]
+    for engine, request in (
+        ("runc", "NVIDIA_VISIBLE_DEVICES="),
+        ("podman", "--device nvidia.com/gpu="),
+    ):
+        detail = rows[f"{engine}: one index: device nodes"]["detail"]
+        assert detail.startswith(f"{request}7:6") and "nvidia6 and 2 MIG cap node(s)" in detail
+    assert rows["runc: all: device nodes"]["detail"].startswith(
+        "NVIDIA_VISIBLE_DEVICES=all: nvidia0, nvidia1, nvidia2, nvidia3, nvidia4, nvidia5, "
+        "nvidia6, nvidia7 and 19 MIG cap node(s)"
+    )
     assert "driver 550.90.12" in text and "| 7 | NVIDIA H100 80GB HBM3 |" in text
     assert not [p for p in os.listdir(tmp_path) if p.startswith("nvshim-kit-")]  # cleaned up
 
@@ -229,10 +238,27 @@ def test_kit_skips_what_this_host_lacks(sim_hosts, tmp_path):
     assert row["status"] == "fail" and "uuid: nvshim GPU-c73ed862" in row["detail"]
     assert rows["runc: all: device nodes"] == {
         "status": "skip",
-        "needs": "root, runc, image, info",
+        "needs": "root, runc, image, info, gpu",
         "detail": "runc: runc not found on PATH",
     }
     assert rows["podman: all: device nodes"]["detail"] == "podman: podman not found on PATH"
     assert rows["1-GPU create overhead vs bare runc"]["status"] == "skip"
     assert rows["cdi generate + validate"]["status"] == "pass"
     assert rows["host left unchanged"]["status"] == "pass"
+
+
+def test_snapshot_sees_a_compute_mode_change(tmp_path):
+    """The "host left unchanged" check would notice: a compute mode changed between two
+    snapshots (through the fake NVML, which keeps it in a state file) is a difference."""
+    from bench.real_gpu_host import differences, snapshot
+    from nvshim.host.discover import discover_host
+    from nvshim.mps.compute import EXCLUSIVE_PROCESS, nvml_session, set_compute_mode
+    from tests.sim.simhost import build_host
+
+    sim = build_host("single", str(tmp_path / "host"))
+    before = snapshot(sim.driver_root, sim.dev_root, None)
+    assert differences(before, snapshot(sim.driver_root, sim.dev_root, None)) == []
+    with nvml_session(discover_host(sim.driver_root, sim.dev_root)) as pynvml:
+        set_compute_mode(pynvml, sim.gpu_uuids()[0], EXCLUSIVE_PROCESS)
+    diff = differences(before, snapshot(sim.driver_root, sim.dev_root, None))
+    assert len(diff) == 1 and diff[0].startswith("gpus:") and "'compute_mode': 3" in diff[0]

@@ -126,7 +126,9 @@ def unpack_image(source: str, dest: str) -> str:
         return source
     os.makedirs(dest, exist_ok=True)
     with tarfile.open(source) as tar:
-        tar.extractall(dest, filter="tar")
+        # our own tarball; the "tar" filter where this Python has extraction filters
+        options = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
+        tar.extractall(dest, **options)
     return dest
 
 

@@ -161,8 +161,8 @@ class Kit:
                 self.image = pimg.unpack_image(self.opts.image, os.path.join(self.work, "image"))
             else:
                 self.image = pimg.probe_image()
-        except (pimg.ImageError, OSError) as err:
-            self.missing["image"] = f"no probe image: {err}"
+        except Exception as err:  # noqa: BLE001 - every check needing it says why
+            self.missing["image"] = f"no probe image: {type(err).__name__}: {err}"
 
     def _setup_driver(self) -> None:
         """Run the probe on the host itself: the ground truth for every CUDA check."""
@@ -513,7 +513,7 @@ def _nodes_match(probe: dict[str, Any], expected: list[Unit]) -> str:
         raise Failed("no /dev/nvidiactl")
     gpus = sorted(n for n in got if "/" not in n)
     caps = len(got) - len(gpus)
-    seen = f"{', '.join(gpus)} and {caps} MIG cap node(s)" if got else "no GPU node"
+    seen = ", ".join(gpus) + (f" and {caps} MIG cap node(s)" if caps else "") or "no GPU node"
     return f"{seen}; CUDA_VISIBLE_DEVICES={probe.get('cuda_visible_devices')}"
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -97,8 +99,6 @@ def test_host_probe_runs_with_the_images_own_glibc(sim_hosts):
 
 def test_probe_in_a_container_on_a_simulated_host(sim_hosts, launchers, tmp_path):
     """Through nvshim-runtime: the GPU and libcuda are injected, CUDA is not there."""
-    import shutil
-
     sim = sim_hosts("single")
     config = write_config(
         tmp_path / "config.toml", sim, launchers, tmp_path / "state", tmp_path / "log",
@@ -262,3 +262,35 @@ def test_snapshot_sees_a_compute_mode_change(tmp_path):
         set_compute_mode(pynvml, sim.gpu_uuids()[0], EXCLUSIVE_PROCESS)
     diff = differences(before, snapshot(sim.driver_root, sim.dev_root, None))
     assert len(diff) == 1 and diff[0].startswith("gpus:") and "'compute_mode': 3" in diff[0]
+
+
+def test_kit_runs_from_a_checkout_without_venv(sim_hosts, tmp_path):
+    """A GPU host that reaches no registry: a copy of the checkout without .venv, plus
+    what bench/real_gpu_carry.py collected (site, probe image, runc), run by python3
+    with no runc on PATH but the carried one."""
+    sim = sim_hosts("single")
+    checkout = tmp_path / "checkout"
+    skip = shutil.ignore_patterns(".venv", ".git", "build", "__pycache__", ".*_cache")
+    shutil.copytree(REPO, checkout, ignore=skip)
+    carry = checkout / "build" / "real-gpu-kit"
+    subprocess.run(
+        [sys.executable, str(checkout / "bench" / "real_gpu_carry.py"), str(carry)],
+        check=True,
+        capture_output=True,
+    )
+    assert {"probe-image.tar.gz", "site", "bin", "lib"} <= set(os.listdir(carry))
+    out = tmp_path / "report.md"
+    proc = subprocess.run(
+        ["/bin/sh", str(checkout / "bench" / "real_gpu.sh"), "--out", str(out), "--runs", "1"]
+        + ["--driver-root", sim.driver_root, "--dev-root", sim.dev_root],
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    rows = parse_report(out.read_text())
+    failed = {k: v for k, v in rows.items() if v["status"] == "fail"}
+    assert proc.returncode == 0 and not failed, (failed, proc.stderr[-2000:])
+    assert rows["runc: one UUID: device nodes"]["status"] == "pass"
+    assert rows["podman: one UUID: device nodes"]["status"] == "pass"
+    assert rows["cdi generate + validate"]["status"] == "pass"

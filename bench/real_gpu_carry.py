@@ -5,15 +5,18 @@ directory (default ``build/real-gpu-kit``, ignored by git; about 20 MiB):
 - ``probe-image.tar.gz``: the CUDA probe and its glibc image (bench/probe_image.py);
 - ``site/``: nvshim's runtime dependencies, copied from this interpreter's installation
   (nothing is downloaded), for a ``python3`` of the same minor version on the GPU host;
+  with ``--python-version X.Y`` pip fetches binary wheels for that version instead;
 - ``bin/runc`` and ``lib/``: this machine's runc with its libseccomp (RPATH ``$ORIGIN/../lib``),
   used only where the GPU host has no runc of its own.
 
 ``bash bench/real_gpu.sh`` in a checkout without ``.venv`` uses them when they are there.
-CLI: ``.venv/bin/python3 bench/real_gpu_carry.py [OUT]``; prints OUT and its size.
+CLI: ``.venv/bin/python3 bench/real_gpu_carry.py [OUT] [--python-version X.Y]``; prints
+OUT and its size.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import re
@@ -65,6 +68,21 @@ def copy_site(dest: str) -> list[str]:
     return sorted(names)
 
 
+def fetch_site(dest: str, python_version: str) -> list[str]:
+    """pip-install nvshim's runtime requirements into ``dest`` as binary wheels built for
+    CPython ``python_version`` on x86_64 Linux (from the package index)."""
+    wanted = [
+        r for r in importlib.metadata.distribution("nvshim").requires or [] if "extra ==" not in r
+    ]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         "--target", dest, "--python-version", python_version, "--only-binary=:all:",
+         "--platform", "manylinux2014_x86_64", *wanted],
+        check=True,
+    )  # fmt: skip
+    return wanted
+
+
 def copy_runc(dest: str) -> None:
     """This machine's runc and its libseccomp, the binary's RPATH set to ``$ORIGIN/../lib``."""
     runc = shutil.which("runc") or "/usr/sbin/runc"
@@ -81,7 +99,11 @@ def copy_runc(dest: str) -> None:
 
 
 def main() -> int:
-    out = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", nargs="?", default=DEFAULT_OUT)
+    parser.add_argument("--python-version", help="the GPU host's python3 (X.Y), if not ours")
+    opts = parser.parse_args()
+    out = os.path.abspath(opts.out)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     try:
@@ -89,10 +111,11 @@ def main() -> int:
     except pimg.ImageError as err:
         print(f"real_gpu_carry: {err}", file=sys.stderr)
         return 1
-    names = copy_site(os.path.join(out, "site"))
+    site = os.path.join(out, "site")
+    version = opts.python_version or f"{sys.version_info.major}.{sys.version_info.minor}"
+    names = fetch_site(site, version) if opts.python_version else copy_site(site)
     copy_runc(out)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
     print(f"{out} ({size / 2**20:.1f} MiB; for python{version}: {', '.join(names)})")
     return 0
 

@@ -286,8 +286,7 @@ class Kit:
             for what, (ours, theirs) in pairs.items():
                 if ours != theirs:
                     problems.append(f"GPU {row['index']} {what}: nvshim {ours}, smi {theirs}")
-        if problems:
-            raise Failed("; ".join(problems))
+        _none_of(problems)
         return f"{len(rows)} GPU(s) agree on uuid, name, memory, PCI bus id, MIG mode"
 
     def check_mig_vs_smi(self) -> str:
@@ -302,8 +301,7 @@ class Kit:
                 problems.append(f"{gpu['uuid']}: not in nvidia-smi -L")
             elif ours != theirs:
                 problems.append(f"GPU {gpu['index']}: nvshim {ours}, nvidia-smi -L {theirs}")
-        if problems:
-            raise Failed("; ".join(problems))
+        _none_of(problems)
         return f"{len(listed)} GPU(s), {count} MIG device(s) agree (profile, UUID)"
 
     def check_cuda_version(self) -> str:
@@ -483,6 +481,12 @@ class Kit:
         self.check("host left unchanged", ("info",), unchanged)
 
 
+def _none_of(problems: list[str]) -> None:
+    """Fail the check with every problem found, if any."""
+    if problems:
+        raise Failed("; ".join(problems))
+
+
 def _probe_line(stdout: str) -> dict[str, Any] | None:
     """The probe's JSON line in a container's output (None if there is none)."""
     for line in reversed(stdout.splitlines()):
@@ -530,9 +534,11 @@ def _cuda_match(probe: dict[str, Any], expected: list[Unit]) -> str:
     ]
     got = {uuid_hex(d["uuid"]) for d in devices}
     want = {uuid_hex(u.uuid): u.uuid for u in expected}
-    # CUDA enumerates one MIG device per process: any one of those granted is right
-    mig = any(u.uuid.startswith("MIG-") for u in expected)
-    right = got == set(want) or (mig and len(got) == 1 and got <= set(want))
+    # CUDA may enumerate only one MIG device per process: every granted whole GPU and at
+    # least one granted MIG device is right (the detail shows how many it saw)
+    whole = {uuid_hex(u.uuid) for u in expected if not u.uuid.startswith("MIG-")}
+    mig = set(want) - whole
+    right = got == set(want) or (bool(mig) and whole <= got <= set(want) and bool(got & mig))
     if bad or not right:
         names = sorted(want.get(h, f"GPU/MIG {h}") for h in got)
         raise Failed(f"CUDA sees {names}, expected {sorted(want.values())}; failing: {bad}")

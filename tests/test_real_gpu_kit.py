@@ -17,15 +17,20 @@ from bench.probe_image import PROBE_PATH, build_probe, host_probe_argv, probe_im
 from tests.conftest import REPO, write_config
 from tests.runc_util import build_stub_library, make_bundle, runc_run
 
-# A fake libcuda (the lowest layer: there is no GPU): two devices; every
-# allocation fails with CUDA_ERROR_OUT_OF_MEMORY. FAKE_CUDA_INIT sets cuInit's result.
+# A fake libcuda (the lowest layer: there is no GPU). Its environment sets cuInit's result
+# (FAKE_CUDA_INIT, default 0), the device count (FAKE_CUDA_COUNT, default 2) and every
+# allocation's result (FAKE_CUDA_ALLOC, default 2: CUDA_ERROR_OUT_OF_MEMORY).
 FAKE_CUDA = r"""
 #include <stdlib.h>
 #include <string.h>
 typedef struct { unsigned char bytes[16]; } CUuuid;
-int cuInit(unsigned f) { const char *e = getenv("FAKE_CUDA_INIT"); return e ? atoi(e) : 0; }
+static int env(const char *name, int fallback) {
+    const char *e = getenv(name);
+    return e ? atoi(e) : fallback;
+}
+int cuInit(unsigned f) { return env("FAKE_CUDA_INIT", 0); }
 int cuDriverGetVersion(int *v) { *v = 12040; return 0; }
-int cuDeviceGetCount(int *n) { *n = 2; return 0; }
+int cuDeviceGetCount(int *n) { *n = env("FAKE_CUDA_COUNT", 2); return 0; }
 int cuDeviceGet(int *d, int i) { *d = i; return 0; }
 int cuDeviceGetName(char *s, int n, int d) { strncpy(s, d ? "Fake \"B\"" : "Fake A", n); return 0; }
 int cuDeviceGetUuid_v2(CUuuid *u, int d) {
@@ -34,7 +39,7 @@ int cuDeviceGetUuid_v2(CUuuid *u, int d) {
 }
 int cuCtxCreate_v2(void **c, unsigned f, int d) { *c = (void *)(long)(d + 1); return 0; }
 int cuCtxDestroy_v2(void *c) { return 0; }
-int cuMemAlloc_v2(unsigned long long *p, size_t n) { (void)n; *p = 0; return 2; }
+int cuMemAlloc_v2(unsigned long long *p, size_t n) { *p = n; return env("FAKE_CUDA_ALLOC", 2); }
 int cuMemFree_v2(unsigned long long p) { return 0; }
 int cuGetErrorName(int rc, const char **s) {
     *s = rc == 2 ? "CUDA_ERROR_OUT_OF_MEMORY" : rc == 100 ? "CUDA_ERROR_NO_DEVICE" : "OTHER";
@@ -88,6 +93,35 @@ def test_probe_reports_devices_of_a_fake_libcuda(probe, tmp_path):
     assert (out["error"], out["init_name"]) == ("no CUDA device", "CUDA_ERROR_NO_DEVICE")
     rc, out = run_probe(probe, lib, env={"FAKE_CUDA_INIT": "999"})
     assert (out["error"], out["stage"], out["init"]) == ("driver not loaded", "cuInit", 999)
+
+
+def test_kit_judges_what_cuda_sees(probe, tmp_path):
+    """The kit's CUDA verdicts, on the probe's own output (fake libcuda)."""
+    from bench.real_gpu import Failed, _cuda_match
+    from bench.real_gpu_host import Unit
+
+    lib = build_stub_library(tmp_path / "libcuda.so.1", "libcuda.so.1", FAKE_CUDA)
+    uuids = ("00010203-0405-0607-0809-0a0b0c0d0e0f", "10111213-1415-1617-1819-1a1b1c1d1e1f")
+    a, b = (Unit(str(i), f"GPU-{u}") for i, u in enumerate(uuids))
+    _, two = run_probe(probe, lib, env={"FAKE_CUDA_ALLOC": "0"})
+    assert _cuda_match(two, [a, b]).startswith("2 device(s), context + 1 MiB each: Fake A")
+    with pytest.raises(Failed, match="expected"):
+        _cuda_match(two, [a])  # CUDA sees a device that was not granted
+    with pytest.raises(Failed, match="expected none"):
+        _cuda_match(two, [])
+    _, failing = run_probe(probe, lib)
+    with pytest.raises(Failed, match="CUDA_ERROR_OUT_OF_MEMORY"):
+        _cuda_match(failing, [a, b])
+    # two MIG devices granted, CUDA enumerates one of them: right; another device: wrong
+    _, one = run_probe(probe, lib, env={"FAKE_CUDA_ALLOC": "0", "FAKE_CUDA_COUNT": "1"})
+    migs = [Unit("0:0", f"MIG-{uuids[0]}"), Unit("0:1", "MIG-" + "f" * 32)]
+    assert _cuda_match(one, migs).startswith("1 device(s)")
+    with pytest.raises(Failed):
+        _cuda_match(one, [Unit("0:1", "MIG-" + "f" * 32)])
+    _, none = run_probe(probe, lib, env={"FAKE_CUDA_INIT": "100"})
+    assert _cuda_match(none, []) == "no device (no CUDA device (CUDA_ERROR_NO_DEVICE))"
+    with pytest.raises(Failed, match="CUDA sees nothing: no CUDA device"):
+        _cuda_match(none, [a])
 
 
 def test_host_probe_runs_with_the_images_own_glibc(sim_hosts):

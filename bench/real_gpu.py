@@ -282,12 +282,13 @@ class Kit:
                 "memory MiB": (str(gpu["memory_total"] // 2**20), row["memory.total"]),
                 "pci.bus_id": (gpu["pci_bus_id"].upper(), row["pci.bus_id"].upper()),
                 "MIG mode": (gpu["mig_enabled"], mig == "enabled"),
+                "driver": (self.info["driver_version"], row["driver_version"]),
             }
             for what, (ours, theirs) in pairs.items():
                 if ours != theirs:
                     problems.append(f"GPU {row['index']} {what}: nvshim {ours}, smi {theirs}")
         _none_of(problems)
-        return f"{len(rows)} GPU(s) agree on uuid, name, memory, PCI bus id, MIG mode"
+        return f"{len(rows)} GPU(s) agree on uuid, name, memory, PCI bus id, MIG mode, driver"
 
     def check_mig_vs_smi(self) -> str:
         listed = hostview.smi_list(self.nvidia_smi)
@@ -583,7 +584,29 @@ def render(kit: Kit) -> str:
     lines += ["", "## What the checks need", "", "| need | meaning | here |", "| --- | --- | --- |"]
     for need, meaning in NEEDS.items():
         lines.append(f"| {need} | {meaning} | {kit.missing.get(need, 'yes')} |")
+    lines += ["", "## Findings (failed checks)", ""]
+    lines += [f"- {r.check}: {r.detail}" for r in kit.results if r.status == "fail"] or ["none"]
+    lines += ["", "## For the README (Tested on real hardware)", "", _readme_line(kit, now, counts)]
     return "\n".join(lines) + "\n"
+
+
+def _readme_line(kit: Kit, now: str, counts: dict[str, int]) -> str:
+    """One summary line: date, GPUs, driver, results, the overhead figure."""
+    names: dict[str, int] = {}
+    for g in kit.info.get("gpus", []):
+        names[g["name"]] = names.get(g["name"], 0) + 1
+    gpus = ", ".join(f"{n} x {name}" for name, n in names.items()) or "no GPU"
+    line = (
+        f"{now[:10]}: {gpus}, driver {kit.info.get('driver_version', '?')} (CUDA "
+        f"{(kit.host_probe or {}).get('driver_cuda', '?')}): {counts['pass']} checks passed, "
+        f"{counts['fail']} failed, {counts['skip']} skipped"
+    )
+    if kit.figures:
+        line += (
+            f"; a 1-GPU create adds {kit.figures['added_ms']:+.1f} ms to bare runc "
+            f"({kit.figures['bare_ms']:.1f} ms)"
+        )
+    return line + "."
 
 
 def main(argv: list[str] | None = None) -> int:

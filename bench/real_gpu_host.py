@@ -12,7 +12,9 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-SMI_FIELDS = ("index", "uuid", "name", "memory.total", "pci.bus_id", "mig.mode.current")
+SMI_FIELDS = (
+    "index", "uuid", "name", "memory.total", "pci.bus_id", "mig.mode.current", "driver_version",
+)  # fmt: skip
 SMI_MODES = ("uuid", "compute_mode", "persistence_mode", "mig.mode.current")
 # Host paths for nvshim's config and CDI specs: the kit uses its own config and spec dir.
 # (nvshim-runtime's own caches in /run/nvshim are written by design, and the machine's

@@ -161,7 +161,7 @@ def fake_nvidia_smi(sim, path) -> str:
     gpus = sim.topology["gpus"]
     query = "".join(
         f"{g['index']}, {g['uuid']}, {g['name']}, {g['memory_mib']}, {g['pci_bus_id']}, "
-        f"{'Enabled' if g['mig_mode'] == 'enabled' else 'Disabled'}\n"
+        f"{'Enabled' if g['mig_mode'] == 'enabled' else 'Disabled'}, {sim.driver_version}\n"
         for g in gpus
     )
     modes = "".join(f"{g['uuid']}, Default, Disabled, Disabled\n" for g in gpus)
@@ -250,6 +250,11 @@ def test_kit_on_a_simulated_host(sim_hosts, tmp_path):
         "nvidia6, nvidia7 and 19 MIG cap node(s)"
     )
     assert "driver 550.90.12" in text and "| 7 | NVIDIA H100 80GB HBM3 |" in text
+    assert "## Findings (failed checks)\n\nnone\n" in text
+    assert (
+        "8 x NVIDIA H100 80GB HBM3, driver 550.90.12 (CUDA ?): "
+        "19 checks passed, 0 failed, 13 skipped" in text
+    )
     assert not [p for p in os.listdir(tmp_path) if p.startswith("nvshim-kit-")]  # cleaned up
 
 
@@ -259,7 +264,7 @@ def test_kit_skips_what_this_host_lacks(sim_hosts, tmp_path):
     sim = sim_hosts("single")
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho '0, GPU-00000000-0000-0000-0000-000000000000, X, 1, "
-                   "00000000:00:1E.0, [N/A]'\n")  # fmt: skip
+                   "00000000:00:1E.0, [N/A], 550.90.12'\n")  # fmt: skip
     smi.chmod(0o755)
     rc, rows, _ = run_kit(
         tmp_path,

@@ -5,10 +5,10 @@ The image is the tests' busybox rootfs (static busybox, the glibc loader) plus t
 libraries of this machine's Debian ``libc6`` package (libc, libm, libdl, libpthread,
 librt: all a driver's libcuda needs), its ``ld.so.conf.d`` entry, an ``ld.so.cache`` made
 by ``ldconfig -r``, and the probe at ``/usr/local/bin/cuda-probe``. No registry is used.
-Builds are cached under ``/tmp/nvshim-test-cache/probe-image-<key>``, keyed by the probe
-source, this file, gcc's version, libc6's version and the busybox binary.
+Builds are cached under ``/tmp/nvshim-test-cache/probe-image-<key>`` (tests/debroot.py),
+keyed by the probe source, this file, gcc's version, libc6's version and the busybox binary.
 
-CLI (root not needed): ``python3 bench/probe_image.py [--tar FILE] [--dir DIR]`` builds
+CLI (root not needed): ``python3 bench/probe_image.py [--tar FILE]`` builds
 (or reuses) the image and prints its directory; ``--tar`` also writes a tarball to carry
 to a GPU host that cannot build it (``bench/real_gpu.py --image FILE``).
 """
@@ -22,17 +22,16 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from tests.debroot import cached  # noqa: E402
 from tests.podman_util import GLIBC_LOADERS, make_busybox_rootfs  # noqa: E402
 
 PROBE_SOURCE = os.path.join(REPO, "bench", "cuda_probe.c")
 PROBE_PATH = "/usr/local/bin/cuda-probe"  # inside the image
-CACHE = "/tmp/nvshim-test-cache"
 LIBC_PACKAGE = "libc6"
 LIB_DIR = f"/lib/{os.uname().machine}-linux-gnu"
 
@@ -70,14 +69,18 @@ def libc_files() -> list[str]:
     return out
 
 
-def _key() -> str:
+def _inputs() -> list[str]:
+    """What the image is built from: gcc, libc6, the probe source, this file, busybox."""
     busybox = os.path.realpath(shutil.which("busybox") or "/bin/busybox")
     parts = [_run(["gcc", "-dumpfullversion", "-dumpmachine"])]
     parts.append(_run(["dpkg-query", "-W", "-f", "${Version}", LIBC_PACKAGE]))
     for path in (PROBE_SOURCE, os.path.abspath(__file__), busybox):
-        with open(path, "rb") as fh:
-            parts.append(hashlib.sha256(fh.read()).hexdigest())
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+        try:
+            with open(path, "rb") as fh:
+                parts.append(hashlib.sha256(fh.read()).hexdigest())
+        except OSError as err:
+            raise ImageError(f"{path}: {err.strerror} (apt-get install busybox-static)") from None
+    return parts
 
 
 def _populate(root: str) -> None:
@@ -91,25 +94,13 @@ def _populate(root: str) -> None:
     build_probe(root + PROBE_PATH)
     os.makedirs(os.path.join(root, "var/cache/ldconfig"), exist_ok=True)
     _run([shutil.which("ldconfig") or "/sbin/ldconfig", "-r", root])
+    os.chmod(root, 0o755)
 
 
-def probe_image(cache: str = CACHE) -> str:
-    """The (cached) image directory; build it on first use. ImageError when it cannot be."""
-    final = os.path.join(cache, f"probe-image-{_key()}")
-    if os.path.isdir(final):
-        return final
-    os.makedirs(cache, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=".probe-image-", dir=cache)
-    try:
-        _populate(work)
-        os.chmod(work, 0o755)
-        os.rename(work, final)
-    except OSError:
-        if not os.path.isdir(final):  # not a concurrent builder's win
-            raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
+def probe_image() -> str:
+    """The image directory, built on first use and cached (tests/debroot.py) by its
+    inputs. ImageError when it cannot be built here."""
+    return cached("probe-image", _inputs(), _populate)
 
 
 def write_tar(image: str, dest: str) -> str:
@@ -143,10 +134,9 @@ def host_probe_argv(image: str, library: str | None) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tar", metavar="FILE", help="also write the image as a tarball")
-    parser.add_argument("--dir", metavar="DIR", help="cache directory (default %(default)s)")
     opts = parser.parse_args()
     try:
-        image = probe_image(opts.dir or CACHE)
+        image = probe_image()
     except ImageError as err:
         print(f"probe_image: {err}", file=sys.stderr)
         return 1

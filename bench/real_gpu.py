@@ -102,8 +102,9 @@ class Kit:
 
     # --- set-up: what this host has ---------------------------------------------------
 
-    def _nvshim(self, *args: str, config: str | None = None) -> subprocess.CompletedProcess:
-        env = {**os.environ, "NVSHIM_CONFIG": config or self.config_open}
+    def _nvshim(self, *args: str) -> subprocess.CompletedProcess:
+        """``nvshim ARGS`` with the kit's config (this interpreter, this checkout)."""
+        env = {**os.environ, "NVSHIM_CONFIG": self.config_open}
         return subprocess.run(
             [sys.executable, "-m", "nvshim", *args], capture_output=True, text=True, env=env
         )
@@ -182,9 +183,12 @@ class Kit:
         if libcuda is None:
             self.missing["driver"] = "nvshim found no libcuda.so.1 under the driver root"
             return
-        proc = subprocess.run(
-            pimg.host_probe_argv(self.image, libcuda), capture_output=True, text=True
-        )
+        argv = pimg.host_probe_argv(self.image, libcuda)
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            self.missing["driver"] = "the host probe did not finish in 300 s"
+            return
         self.host_probe = _probe_line(proc.stdout)
         if self.host_probe is None:
             self.missing["driver"] = f"host probe printed no JSON: {proc.stderr.strip()[:200]}"
@@ -237,8 +241,14 @@ class Kit:
         from tests.podman_util import podman_run
 
         rootfs = self._rootfs()
-        root = self.info["driver_root"]
-        keep = [root] if root.startswith(("/run/", "/var/run/")) else []
+        # podman runs with a private /run: keep the spec's host paths there (IPC sockets,
+        # a driver root under /run/nvidia/driver)
+        keep: list[str] = []
+        for path in sorted([self.info["driver_root"], *self.spec_host_paths()]):
+            if path.startswith(("/run/", "/var/run/")) and not any(
+                path.startswith(k.rstrip("/") + "/") or path == k for k in keep
+            ):
+                keep.append(path)
         proc = podman_run(
             os.path.join(self.work, f"podman-{self.count}"),
             rootfs,
@@ -331,7 +341,8 @@ class Kit:
             self.spec = yaml.safe_load(fh)
         return f"{len(self.spec['devices'])} devices, cdiVersion {self.spec['cdiVersion']}"
 
-    def check_cdi_paths(self) -> str:
+    def spec_host_paths(self) -> list[str]:
+        """Every host path the generated CDI spec names: device nodes, mounts, hooks."""
         paths = []
         for edits in [self.spec.get("containerEdits", {})] + [
             d["containerEdits"] for d in self.spec["devices"]
@@ -339,6 +350,10 @@ class Kit:
             paths += [n.get("hostPath") or n["path"] for n in edits.get("deviceNodes", [])]
             paths += [m["hostPath"] for m in edits.get("mounts", [])]
             paths += [h["path"] for h in edits.get("hooks", [])]
+        return paths
+
+    def check_cdi_paths(self) -> str:
+        paths = self.spec_host_paths()
         absent = sorted({p for p in paths if not os.path.lexists(p)})
         if absent:
             raise Failed(f"{len(absent)} host path(s) missing: {', '.join(absent[:8])}")

@@ -83,7 +83,8 @@ def test_image_end_to_end(tmp_path, sim_hosts, monkeypatch):
                 "NVSHIM_READY_FILE": "/run/nvshim-ready/ready",
                 "NVSHIM_CONTAINERD_VERSION": "1.6.20",
             }
-            args = ["--privileged", "--pid=host", "--network=none"]
+            # as the DaemonSet runs it: read-only root (podman mounts tmpfs on /run, /tmp)
+            args = ["--privileged", "--pid=host", "--network=none", "--read-only"]
             args += ["-v", f"{host}:/host", "-v", f"{sim.root}:{sim.root}"]
             args += ["-v", f"{node_config}:/etc/nvshim-node:ro"]
             args += ["-v", f"{ready_dir}:/run/nvshim-ready"]

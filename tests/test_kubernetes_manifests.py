@@ -73,7 +73,7 @@ def test_overlay_renders_and_validates(overlay, version):
 
 def _container(docs: list[dict]) -> tuple[dict, dict]:
     pod = by_kind(docs, "DaemonSet")["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "nvshim-node"]
     return pod, container
 
 
@@ -148,3 +148,25 @@ def test_daemonset_matches_what_nvshim_node_reads(overlay, tmp_path):
     assert pod["hostPID"] is True
     assert pod["terminationGracePeriodSeconds"] >= 300
     assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_exporter_sidecar_serves_the_installed_bundle_on_the_scraped_port(overlay):
+    """The sidecar runs the nvshim the installer puts at TOOLKIT_INSTALL_DIR, in the host
+    root, on the port the scrape annotations name."""
+    docs = render(overlay)
+    daemonset = by_kind(docs, "DaemonSet")
+    pod, installer = _container(docs)
+    (sidecar,) = [c for c in pod["containers"] if c["name"] == "exporter"]
+    s = resolve_node({}, {e["name"]: e["value"] for e in installer["env"]})
+    nvshim = os.path.join(s.prefix, "bin", "nvshim")
+    script = " ".join(sidecar["args"])
+    assert f"-x {s.host_root}{nvshim} " in script
+    assert f"exec chroot {s.host_root} {nvshim} exporter --listen :9400" in script
+    annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert [p["containerPort"] for p in sidecar["ports"]] == [
+        int(annotations["prometheus.io/port"])
+    ]
+    mount, volume = _mount_for(s.host_root, pod, sidecar)
+    assert volume["hostPath"]["path"] == "/" and mount["readOnly"] is True

@@ -81,7 +81,11 @@ def inner(work: str, rounds: int) -> None:
     for name, target in (("runc", RUNC), ("nvshim", runtime)):
         path = os.path.join(work, f"wrap-{name}")
         with open(path, "w") as fh:
-            fh.write(f'#!/bin/sh\nexec {target} "$@"\n')
+            # podman hands its runtime a clean environment: nvshim's settings go here
+            fh.write(
+                f"#!/bin/sh\nNVSHIM_CONFIG={env['NVSHIM_CONFIG']}"
+                f' NVSHIM_CACHE_DIR={env["NVSHIM_CACHE_DIR"]} exec {target} "$@"\n'
+            )
         os.chmod(path, 0o755)
         wrappers[name] = path
     podman = {
@@ -98,7 +102,7 @@ def inner(work: str, rounds: int) -> None:
 
     def create_once(binary: str, n: str) -> float:
         bundle = make_bundle(scratch, rootfs, ["/bin/true"], env=gpu, name=f"b-{n}")
-        cid = f"bench-{n}"
+        cid = f"bench-{os.getpid()}-{n}"
         errors = os.path.join(scratch, "create.err")
         with open(errors, "w") as err:  # a file: the created process keeps its stdio open
             start = time.perf_counter()

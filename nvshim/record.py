@@ -6,6 +6,10 @@ uses (fields with defaults or factories, ``frozen``, ``compare=False``, ``replac
 importing ``dataclasses`` pulls in ``inspect``, ``re`` and ``enum`` (about 9 ms, a third
 of the time budget a GPU container may add). Here ``__init__`` is generated once per
 class, as ``dataclasses`` does, so building a record costs the same.
+
+Re-measured 2026-11-23 with pass-through calls off Python (issue 12), paired against
+``python3 -IS -c pass``, 40 rounds on the loaded 2-core VM: ``import dataclasses`` +21.7 ms,
+``import nvshim.record`` +0.9 ms. Kept: it saves far more than 1 ms per GPU create.
 """
 
 from __future__ import annotations

@@ -341,3 +341,24 @@ def test_front_cache_follows_config_and_path(front, tmp_path):
     subprocess.run([front.runtime, "list"], env=env, capture_output=True)
     assert front.starts() == 3  # both PATHs are remembered (engines call with their own)
     assert json.dumps(front.calls()).count("list") == 6
+
+
+def test_front_ignores_a_cache_it_cannot_trust(front):
+    """A cache entry owned by someone else, or a symlink, is never used."""
+    front.bundle("b")
+    front.call("list")
+    entry = os.path.join(os.environ["NVSHIM_CACHE_DIR"], "runtime-front")
+    starts = front.starts()
+    os.chown(entry, 65534, 65534)
+    front.call("list")
+    assert front.starts() == starts + 1  # Python resolved it and wrote its own entry
+    assert os.stat(entry).st_uid == os.geteuid()
+    os.rename(entry, entry + ".real")
+    os.symlink(entry + ".real", entry)
+    try:
+        front.call("list")
+        assert front.starts() == starts + 2
+    finally:
+        if os.path.islink(entry):
+            os.unlink(entry)
+            os.rename(entry + ".real", entry)

@@ -55,7 +55,13 @@ def resolve_and_remember() -> str:
 
     entry = entry_file()
     # one (PATH, runtime) pair per caller's PATH (engines differ), the newest first
-    raw = read_trusted(entry, 1 << 16) or b""
+    raw = read_trusted(entry, 1 << 16)
+    if raw is None:  # absent, or not one we can trust: never inherit its owner or mode
+        try:
+            os.unlink(entry)
+        except OSError:
+            pass
+    raw = raw or b""
     lines = raw.decode("utf-8", "surrogateescape").split("\n")[:-1]
     pairs = [mine]
     if lines[:3] == head:

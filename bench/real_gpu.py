@@ -138,7 +138,7 @@ class Kit:
         if not self.nvidia_smi:
             self.missing["nvidia-smi"] = "nvidia-smi not found on PATH"
         self.bin_dir = os.path.join(self.work, "bin")
-        write_launchers(self.bin_dir)
+        write_launchers(self.bin_dir, cache_dir=os.path.join(self.work, "cache"))  # host untouched
         self.runtime = os.path.join(self.bin_dir, "nvshim-runtime")
         # "open" honours NVIDIA_VISIBLE_DEVICES from any container (the request cases);
         # "default" is nvshim's default policy (the unprivileged case)

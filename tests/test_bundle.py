@@ -87,7 +87,10 @@ def test_staged_install_names_final_paths(bundle, tmp_path, source):
     names = ["nvshim-hook", "nvshim-runtime"] + (["nvshim"] if source == "bundle" else [])
     for name in names:
         assert os.readlink(stage / "usr" / "bin" / name) == f"/opt/nvshim/bin/{name}"
-    shebang = (prefix / "bin" / "nvshim-runtime").read_text().splitlines()[0]
+    shebang = (prefix / "bin" / "nvshim-hook").read_text().splitlines()[0]
+    # nvshim-runtime is the sh front: it execs the same interpreter for what Python must see
+    front = (prefix / "bin" / "nvshim-runtime").read_text()
+    assert front.startswith("#!/bin/sh\n") and f"exec '{shebang[2:-4]}' -IS -c" in front
     manifest = json.loads((prefix / "install-manifest.json").read_text())
     assert manifest["prefix"] == "/opt/nvshim"
     assert "/usr/share/containers/oci/hooks.d/oci-nvshim-hook.json" in manifest["files"]

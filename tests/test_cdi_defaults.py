@@ -89,7 +89,15 @@ def test_cdi_list_json(sim_hosts, tmp_path):
 def test_podman_resolves_index_and_uuid_names(sim_hosts, launchers, tmp_path):
     sim = sim_hosts("h100x8-mig")
     cdi_dir = tmp_path / "cdi"
-    generate(sim, "-o", str(cdi_dir / "nvidia.yaml"), hook_path=f"{launchers}/nvshim-hook")
+    config = tmp_path / "nvshim.toml"  # the spec's hooks log and keep state under tmp_path
+    config.write_text(f'[runtime]\nlog-file = "{tmp_path}/log"\nstate-dir = "{tmp_path}/st"\n')
+    generate(
+        sim,
+        "-o",
+        str(cdi_dir / "nvidia.yaml"),
+        hook_path=f"{launchers}/nvshim-hook",
+        env={"NVSHIM_CONFIG": str(config)},
+    )
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     uuid = sim.gpu_uuids()[2]
     for n, name in enumerate(("2", uuid)):

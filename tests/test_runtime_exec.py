@@ -13,7 +13,7 @@ import pytest
 
 from tests.podman_util import in_podman_namespace, podman_command
 from tests.runc_util import RUNC_ENV, make_bundle
-from tests.test_mps_enforce import GPU1, GPU2, shared_host  # noqa: F401 - fixture
+from tests.test_mps_enforce import GPU1, MIG_6_1, shared_host  # noqa: F401 - fixture
 
 SLEEP = ["/bin/busybox", "sleep", "120"]
 PIPE = "/run/nvidia-mps"
@@ -87,7 +87,7 @@ def containers(shared_host, tmp_path):  # noqa: F811 - the imported fixture
     c.cleanup()
 
 
-@pytest.mark.parametrize("gpu, shared", [(GPU1, True), (GPU2, False)])
+@pytest.mark.parametrize("gpu, shared", [(GPU1, True), (MIG_6_1, False)])
 def test_runc_exec_gets_the_first_process_variables(containers, gpu, shared):
     cid = containers.start({"NVIDIA_VISIBLE_DEVICES": gpu})
     first = containers.exec_env(cid)  # exec with arguments inherits config.json's env
@@ -138,7 +138,7 @@ def test_unprepared_container_process_file_untouched(containers):
     assert got == dict(e.split("=", 1) for e in env)
 
 
-@pytest.mark.parametrize("gpu, shared", [(GPU1, True), (GPU2, False)])
+@pytest.mark.parametrize("gpu, shared", [(GPU1, True), (MIG_6_1, False)])
 def test_podman_exec(shared_host, tmp_path, gpu, shared):  # noqa: F811
     # podman hands its runtime a clean environment: name nvshim's config in a wrapper
     wrapper = tmp_path / "nvshim-runtime"

@@ -104,7 +104,8 @@ class Kit:
 
     def _nvshim(self, *args: str) -> subprocess.CompletedProcess:
         """``nvshim ARGS`` with the kit's config (this interpreter, this checkout)."""
-        env = {**os.environ, "NVSHIM_CONFIG": self.config_open}
+        cache = os.path.join(self.work, "cache")  # as the launchers': the host's untouched
+        env = {"NVSHIM_CACHE_DIR": cache, **os.environ, "NVSHIM_CONFIG": self.config_open}
         return subprocess.run(
             [sys.executable, "-m", "nvshim", *args], capture_output=True, text=True, env=env
         )

@@ -158,8 +158,10 @@ class DebianRoot:
         simulated host mounted (in a private mount namespace)."""
         r = self.root
         script = (
-            f"set -e; mount -t proc proc {r}/proc; mount --rbind /sys {r}/sys; "
-            f"mount --rbind /dev {r}/dev; mount --bind {self.sim.root} {r}/sim; "
+            # the root a mount point (runc makes "/" a slave mount), then the API mounts
+            f"set -e; mount --bind {r} {r}; mount -t proc proc {r}/proc; "
+            f"mount --rbind /sys {r}/sys; mount --rbind /dev {r}/dev; "
+            f"mount --bind {self.sim.root} {r}/sim; "
             f"exec chroot {r} /usr/bin/env -i "
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
             'LC_ALL=C.UTF-8 DEBIAN_FRONTEND=noninteractive /bin/sh -ec "$0"'
@@ -224,7 +226,8 @@ def test_install_use_upgrade_remove_purge(package, sim_hosts, tmp_path):
     with open(bundle + "/config.json", "w") as fh:
         json.dump(spec, fh)
     out = node.run(
-        f"NVSHIM_CONFIG={config} nvshim-runtime --root /ctr/runc-state run "
+        # --no-pivot: pivot_root cannot work under chroot
+        f"NVSHIM_CONFIG={config} nvshim-runtime --root /ctr/runc-state run --no-pivot "
         f"--bundle /ctr/c1 nvshim-deb-{os.getpid()} </dev/null"
     )
     view = {}

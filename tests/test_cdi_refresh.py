@@ -82,15 +82,15 @@ def spec_names(output: str) -> list[str]:
 def test_unchanged_host_leaves_spec_and_key_untouched(node):
     sim, output = node("single")
     line = refreshed(sim, output)
-    assert "no previous key" in line and "driver 550.90.12, 2 devices" in line
-    assert spec_names(output) == ["0", "all"]
+    assert "no previous key" in line and "driver 550.90.12, 3 devices" in line
+    assert spec_names(output) == ["0", sim.gpu_uuids()[0], "all"]  # generate's defaults
     assert run_nvshim("cdi", "validate", output).returncode == 0
     key_file = output + ".nvshim-key"
     spec_before, key_before = snapshot(output), snapshot(key_file)
     for _ in range(2):
         proc = refresh(sim, output)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stderr == f"nvshim: {output} is current (driver 550.90.12, 2 devices)\n"
+        assert proc.stderr == f"nvshim: {output} is current (driver 550.90.12, 3 devices)\n"
         assert snapshot(output) == spec_before
         assert snapshot(key_file) == key_before
     # engines load only .json and .yaml: the key file is not a spec to them
@@ -146,10 +146,10 @@ def test_device_node_change_rewrites(node, tmp_path):
     from tests.sim.topology import generate_topology
 
     sim, output = node(generate_topology(2, mig=False))
-    refreshed(sim, output)
+    refreshed(sim, output, "--device-name-strategy", "index")
     assert spec_names(output) == ["0", "1", "all"]
     os.unlink(os.path.join(sim.dev_root, "dev", "nvidia1"))  # the GPU's node is gone
-    line = refreshed(sim, output)
+    line = refreshed(sim, output, "--device-name-strategy", "index")
     assert "device nodes" in line and "devices removed 1" in line
     assert spec_names(output) == ["0", "all"]
 
@@ -198,9 +198,19 @@ def test_options_edits_and_force_rewrite(node):
     assert "(nvshim version)" in refreshed(sim, output, "--device-name-strategy", "uuid")
 
 
-def test_bad_output_directory_is_one_line(node, tmp_path):
+def test_unusable_output_directory_is_one_line(node, tmp_path):
     sim, _ = node("single")
-    output = str(tmp_path / "nope" / "nvidia.yaml")
+    (tmp_path / "file").write_text("")
+    output = str(tmp_path / "file" / "cdi" / "nvidia.yaml")
     proc = refresh(sim, output)
     assert proc.returncode == 2
-    assert proc.stderr == f"nvshim: error: {output}: directory {tmp_path}/nope does not exist\n"
+    assert proc.stderr == (
+        f"nvshim: error: {output}: cannot create {tmp_path}/file: File exists\n"
+    )
+
+
+def test_missing_output_directory_is_created(node, tmp_path):
+    sim, _ = node("single")
+    output = str(tmp_path / "run" / "cdi" / "nvidia.yaml")
+    refreshed(sim, output)
+    assert os.stat(tmp_path / "run" / "cdi").st_mode & 0o777 == 0o755

@@ -30,8 +30,16 @@ def spec_options(func):
             "--device-name-strategy",
             "strategies",
             multiple=True,
-            type=click.Choice(["index", "uuid"]),
-            help="How devices are named; repeat for several (default: index).",
+            type=click.Choice(["index", "uuid", "type-index"]),
+            help="How devices are named; repeat for several (default: index and uuid).",
+        ),
+        click.option("--no-all-device", is_flag=True, help="Leave out the `all` device."),
+        click.option(
+            "--mode",
+            type=click.Choice(["nvml", "management"]),
+            default="nvml",
+            help="management: one `all` device with every GPU node and the control node, and"
+            " the utility files only (for monitoring containers) [nvml].",
         ),
         click.option("--vendor", default=None, help="CDI vendor (default: nvidia.com)."),
         click.option("--class", "cls", default=None, help="CDI class (default: gpu)."),
@@ -65,15 +73,27 @@ class SpecRequest:
     capabilities: list[str]
     hook_path: str
     strategies: list[str]
+    all_device: bool
+    mode: str
     sharing: bool
 
     @staticmethod
     def resolve(
-        config, output, fmt, strategies, vendor, cls, capabilities, hook_path, sharing
+        config,
+        output,
+        fmt,
+        strategies,
+        no_all_device,
+        mode,
+        vendor,
+        cls,
+        capabilities,
+        hook_path,
+        sharing,
     ) -> SpecRequest:
         """Apply the config's defaults to the options; UsageError on a bad name."""
         from nvshim.cdi.names import validate_class, validate_vendor
-        from nvshim.cdi.writer import format_for
+        from nvshim.cdi.writer import DEFAULT_NAME_STRATEGIES, format_for
         from nvshim.policy.capabilities import parse_capabilities
 
         vendor = vendor or config.get("policy", "cdi-vendor")
@@ -95,13 +115,15 @@ class SpecRequest:
             cls=cls,
             capabilities=list(caps),
             hook_path=hook_path or config.get("runtime", "hook-path"),
-            strategies=list(strategies or ("index",)),
+            strategies=list(strategies or DEFAULT_NAME_STRATEGIES),
+            all_device=not no_all_device,
+            mode=mode,
             sharing=sharing,
         )
 
     def build(self, host, config) -> dict:
         """The spec for ``host``."""
-        from nvshim.cdi.writer import build_spec
+        from nvshim.cdi.writer import build_management_spec, build_spec
 
         if self.sharing:
             from nvshim.mps.cdi import shared_spec
@@ -116,6 +138,8 @@ class SpecRequest:
                 strategies=self.strategies,
                 daemon_check_hook=True,
             )
+        if self.mode == "management":
+            return build_management_spec(host, self.hook_path, vendor=self.vendor, cls=self.cls)
         return build_spec(
             host,
             self.capabilities,
@@ -123,13 +147,23 @@ class SpecRequest:
             vendor=self.vendor,
             cls=self.cls,
             strategies=self.strategies,
+            all_device=self.all_device,
         )
 
 
-def _check_parent(output: str) -> None:
+def _make_parents(output: str) -> None:
+    """Create the missing directories above ``output``, mode 0755 (as /var/run/cdi is)."""
     parent = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(parent):
-        raise UsageError(f"{output}: directory {parent} does not exist")
+    missing = []
+    while not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o755)
+            os.chmod(directory, 0o755)  # mkdir honours the umask
+        except OSError as err:
+            raise UsageError(f"{output}: cannot create {directory}: {err.strerror}") from None
 
 
 @cdi.command()
@@ -152,7 +186,7 @@ def generate(output, driver_root, dev_root, config, **options) -> None:
         return
     from nvshim.fsutil import atomic_write
 
-    _check_parent(output)
+    _make_parents(output)
     atomic_write(output, text.encode(), mode=0o644, backup=False)
     click.echo(
         f"nvshim: wrote {output}: {len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']}",
@@ -182,7 +216,7 @@ def refresh(output, force, driver_root, dev_root, config, **options) -> None:
     from nvshim.cdi.writer import dump_spec
 
     request = SpecRequest.resolve(config, output, **options)
-    _check_parent(output)
+    _make_parents(output)
 
     def render(host):
         spec = request.build(host, config)
@@ -198,7 +232,8 @@ def refresh(output, force, driver_root, dev_root, config, **options) -> None:
 
 @cdi.command("list")
 @click.option("--spec-dir", "spec_dirs", multiple=True, metavar="DIR", help="Repeatable.")
-def list_(spec_dirs) -> None:
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of {name, kind, device}.")
+def list_(spec_dirs, as_json: bool) -> None:
     """Print vendor/class=name of every device in the CDI spec directories."""
     from nvshim.cdi.registry import DEFAULT_SPEC_DIRS, list_devices
 
@@ -206,6 +241,17 @@ def list_(spec_dirs) -> None:
     names = list_devices(spec_dirs or DEFAULT_SPEC_DIRS, warnings)
     for warning in warnings:
         click.echo(f"nvshim: warning: {warning}", err=True)
+    if as_json:
+        import json
+
+        from nvshim.cdi.names import parse_qualified_name
+
+        rows = []
+        for name in names:
+            vendor, cls, device = parse_qualified_name(name)
+            rows.append({"name": name, "kind": f"{vendor}/{cls}", "device": device})
+        click.echo(json.dumps(rows, indent=2))
+        return
     for name in names:
         click.echo(name)
 

@@ -204,9 +204,7 @@ def test_unusable_output_directory_is_one_line(node, tmp_path):
     output = str(tmp_path / "file" / "cdi" / "nvidia.yaml")
     proc = refresh(sim, output)
     assert proc.returncode == 2
-    assert proc.stderr == (
-        f"nvshim: error: {output}: cannot create {tmp_path}/file: File exists\n"
-    )
+    assert proc.stderr == (f"nvshim: error: {output}: cannot create {tmp_path}/file: File exists\n")
 
 
 def test_missing_output_directory_is_created(node, tmp_path):

@@ -50,8 +50,9 @@ def package() -> str:
         os.makedirs(path)
         subprocess.run(["git", "clone", "--quiet", REPO, src], check=True)
         os.symlink("packaging/debian", os.path.join(src, "debian"))
-        # a private /run: the build runs nvshim, which keeps caches there
-        script = "mount -t tmpfs tmpfs /run && dpkg-buildpackage -b -us -uc"
+        # a private /run: the build runs nvshim, which keeps caches there. -d: with a
+        # prebuilt bundle, the bundle build's tools (python3-venv) are not needed
+        script = "mount -t tmpfs tmpfs /run && dpkg-buildpackage -b -us -uc -d"
         proc = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
             cwd=src,

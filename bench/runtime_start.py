@@ -48,6 +48,24 @@ def _start_once(
     return elapsed
 
 
+def interleaved(work_root, cases, env, runs: int) -> dict[str, list[float]]:
+    """Start times of each case ``(label, binary, request, golden rootfs)`` over ``runs``
+    rounds after one warm-up round. The cases are interleaved round by round, so drift
+    on the machine hits every case alike; compare them through paired differences."""
+    times: dict[str, list[float]] = {label: [] for label, *_ in cases}
+    for i in range(runs + 1):
+        for n, (label, binary, request, golden) in enumerate(cases):
+            elapsed = _start_once(work_root, golden, binary, request, env, f"{n}-{i}")
+            if i:  # the first round is a warm-up
+                times[label].append(elapsed)
+    return times
+
+
+def paired_added_ms(values: list[float], bare: list[float]) -> float:
+    """The added time in ms: the median of each round's difference to bare runc."""
+    return statistics.median([v - b for v, b in zip(values, bare, strict=True)]) * 1000
+
+
 def write_bench_config(directory: str, sim, bin_dir: str, runtime_extra: str = "") -> str:
     """``<directory>/config.toml`` for the simulated host ``sim``: hooks from ``bin_dir``,
     log and state under ``directory``, env requests honoured; returns its path."""
@@ -98,21 +116,12 @@ def main() -> None:
             env={**env, "PYTHONPATH": REPO},
             check=True,
         )
-        times: dict[str, list[float]] = {label: [] for label, *_ in cases}
-        # cases interleaved round by round, so drift on the machine hits every case alike;
-        # the added time is the median of each round's difference to bare runc
-        for i in range(opts.runs + 1):
-            for n, (label, binary, request, golden) in enumerate(cases):
-                elapsed = _start_once(work_root, golden, binary, request, env, f"{n}-{i}")
-                if i:  # the first round is a warm-up
-                    times[label].append(elapsed)
+        times = interleaved(work_root, cases, env, opts.runs)
         bare = times["bare runc"]
         print(f"container start (runc run of busybox /bin/true), median of {opts.runs} rounds:")
         added = {}
         for label, values in times.items():
-            added[label] = (
-                statistics.median([v - b for v, b in zip(values, bare, strict=True)]) * 1000
-            )
+            added[label] = paired_added_ms(values, bare)
             median = statistics.median(values)
             print(
                 f"  {label:<20} {median * 1000:7.1f} ms  added {added[label]:+6.1f} ms"

@@ -17,6 +17,13 @@ A topology names the driver and its GPUs; see ``hosts/*.yaml`` for examples. Key
 - ``mig_devices``: each ``gi``, ``ci``, ``profile`` (``1g.5gb``, ``1c.2g.20gb``), ``uuid``
   (``MIG-...``), optionally ``memory_mib`` (default from the profile), ``slot`` (position in
   NVML's MIG index, default: list position), ``gi_slices``, ``ci_slices``, ``sm_count``.
+- GPUs may also give ``pci_path`` (the PCIe bridges from the root port down to the GPU's
+  parent, ``["0000:10:01.0", "0000:11:00.0"]``: sysfs then holds the tree, see ``pcifs``)
+  and ``nvlinks`` (active NVLinks, all to NVSwitches).
+- ``nics``: RDMA devices, each ``name`` (``mlx5_0``), ``pci_bus_id`` (``0000:15:00.0``),
+  ``pci_path``, ``numa_node``, ``link_layer`` (InfiniBand/Ethernet), ``netdevs``, ``uverbs``
+  (N of ``/dev/infiniband/uverbsN``), optionally ``ports`` (default 1) and ``physfn`` (the
+  PF's address: an SR-IOV virtual function).
 
 ``load_topology`` returns the normalized form (every derived field filled in) that the
 builder, the fake NVML and tests all read.
@@ -173,6 +180,7 @@ def normalize(data: dict[str, Any], source: str) -> dict[str, Any]:
         "frontend_name",
         "defaults",
         "gpus",
+        "nics",
     }
     for key in data:
         if key not in known:
@@ -209,7 +217,54 @@ def normalize(data: dict[str, Any], source: str) -> dict[str, Any]:
     if len(set(mig_uuids)) != len(mig_uuids):
         raise NvshimError(f"{source}: gpus: a MIG uuid is used twice")
     out["gpus"] = gpus
+    out["nics"] = [_nic(source, f"nics[{i}]", n) for i, n in enumerate(top.get("nics", list, []))]
+    _check_pci_tree(source, gpus, out["nics"])
     return out
+
+
+_BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def _pci_path(c: _Checker) -> list[str] | None:
+    path = c.get("pci_path", list, None)
+    if path is not None and not all(isinstance(b, str) and _BDF_RE.match(b) for b in path):
+        c.fail("pci_path", "must be a list of lower-case PCI addresses (0000:10:01.0)")
+    return path
+
+
+def _nic(source: str, where: str, raw: Any) -> dict[str, Any]:
+    c = _Checker(source, where, raw)
+    known = {"name", "pci_bus_id", "pci_path", "numa_node", "link_layer", "netdevs", "uverbs"}
+    for key in raw:
+        if key not in known | {"ports", "physfn"}:
+            c.fail(key, "unknown key")
+    netdevs = c.get("netdevs", list, [])
+    if not all(isinstance(n, str) and re.match(r"^[a-z][a-z0-9_]{0,14}$", n) for n in netdevs):
+        c.fail("netdevs", "must be a list of interface names")
+    return {
+        "name": c.string("name", re.compile(r"^[a-z][a-z0-9_]{0,30}$")),
+        "pci_bdf": c.string("pci_bus_id", _BDF_RE),
+        "pci_path": _pci_path(c) or [],
+        "numa_node": c.get("numa_node", int, -1),
+        "link_layer": c.get("link_layer", str, "InfiniBand"),
+        "netdevs": netdevs,
+        "uverbs": c.get("uverbs", int),
+        "ports": c.get("ports", int, 1),
+        "physfn": c.string("physfn", _BDF_RE, None),
+    }
+
+
+def _check_pci_tree(source: str, gpus: list[dict], nics: list[dict]) -> None:
+    """Every bridge has one parent, whichever device's path names it."""
+    parent: dict[str, str | None] = {}
+    for dev in [*gpus, *nics]:
+        path = dev.get("pci_path") or []
+        for i, bridge in enumerate(path):
+            up = path[i - 1] if i else None
+            if parent.setdefault(bridge, up) != up:
+                raise NvshimError(
+                    f"{source}: PCI bridge {bridge} has two parents ({parent[bridge]}, {up})"
+                )
 
 
 def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[str, Any]:
@@ -236,6 +291,8 @@ def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[st
         "compute_mode",
         "fail",
         "mig_devices",
+        "pci_path",
+        "nvlinks",
     }
     for key in raw:
         if key not in known:
@@ -283,6 +340,8 @@ def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[st
         "numa_node": numa,
         "compute_mode": c.get("compute_mode", int, 0, enum=COMPUTE_MODES),
         "fail": _fail(source, where, raw.get("fail")),
+        "pci_path": _pci_path(c),
+        "nvlinks": c.get("nvlinks", int, 0),
     }
     migs_raw = c.get("mig_devices", list, [])
     if migs_raw and mig_mode != 1:
@@ -405,6 +464,7 @@ def render_fake_nvml(topo: dict[str, Any]) -> str:
             "compute_mode": g["compute_mode"],
             "fail": fail["code"],
             "fail_on_handle": int(fail["on_handle"]),
+            "nvlinks": g["nvlinks"],
         }
         if fail["only"]:
             fields["fail_only"] = ",".join(fail["only"])

@@ -39,10 +39,12 @@ def build_spec(
     cls: str = "gpu",
     strategies: Sequence[str] = ("index",),
     extra_device_edits: dict[str, ContainerEdits] | None = None,
+    all_edits: ContainerEdits | None = None,
 ) -> dict[str, Any]:
     """A CDI spec: spec-level edits for what every device needs, each device its own nodes,
     and an ``all`` device. ``extra_device_edits`` (by device UUID) amend single devices
-    (used for sharing). ``cdiVersion`` is the minimum the content needs."""
+    (used for sharing and pairing), ``all_edits`` the ``all`` device. ``cdiVersion`` is the
+    minimum the content needs."""
     extra = extra_device_edits or {}
     devices = []
     everything = ContainerEdits()
@@ -54,6 +56,7 @@ def build_spec(
         for name in device_names(device, strategies):
             devices.append({"name": name, "containerEdits": edits.to_cdi()})
     if devices:
+        everything = everything.merge(all_edits or ContainerEdits())
         devices.append({"name": "all", "containerEdits": everything.to_cdi()})
     spec: dict[str, Any] = {
         "cdiVersion": "",

@@ -40,6 +40,11 @@ def cdi() -> None:
     is_flag=True,
     help="Write the spec of the MPS-shared devices of the sharing config (class gpu.shared).",
 )
+@click.option(
+    "--pairing",
+    is_flag=True,
+    help="Give each GPU device its paired NIC's RDMA devices ([pairing] config).",
+)
 @root_options
 def generate(
     output,
@@ -50,6 +55,7 @@ def generate(
     capabilities,
     hook_path,
     sharing,
+    pairing,
     driver_root,
     dev_root,
     config,
@@ -93,8 +99,22 @@ def generate(
             daemon_check_hook=True,
         )
     else:
+        extra, every = {}, None
+        if pairing:
+            from nvshim.policy.pairing import cdi_pairing_edits
+
+            extra, every, notes = cdi_pairing_edits(host, config, hook_path)
+            for note in notes:
+                click.echo(f"nvshim: warning: {note}", err=True)
         spec = build_spec(
-            host, caps, hook_path, vendor=vendor, cls=cls, strategies=strategies or ("index",)
+            host,
+            caps,
+            hook_path,
+            vendor=vendor,
+            cls=cls,
+            strategies=strategies or ("index",),
+            extra_device_edits=extra,
+            all_edits=every,
         )
     text = dump_spec(spec, fmt)
     if not output:

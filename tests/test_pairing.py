@@ -364,3 +364,35 @@ def test_cdi_spec_pairs_each_gpu_device(sim_hosts, tmp_path, launchers):
     assert check.returncode == 0, check.stdout + check.stderr
     plain = run_nvshim("cdi", "generate", env={"NVSHIM_CONFIG": config})
     assert "infiniband" not in plain.stdout  # only with --pairing
+
+
+def test_prestart_hook_pairs_and_hands_over_too(tmp_path, launchers, hgx):
+    """The standalone hook gets the same devices and moves the netdev itself; it cannot set
+    env, so NCCL_IB_HCA is logged as not applied (NCCL then opens the one HCA it can)."""
+    from nvshim.launch import hook_entry
+    from tests.runc_util import runc_run
+
+    config = write_pairing_config(
+        tmp_path, hgx, launchers, enabled=True, netdev_handover=True, move_physical=["mlx5_1"]
+    )
+    entry = hook_entry(f"{launchers}/nvshim-hook", "prestart", "prestart", "--config", config)
+    rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+    bundle = make_bundle(
+        tmp_path, rootfs, ["/bin/sh", "-c", SHOW], env=request("2"), hooks={"prestart": [entry]}
+    )
+
+    def scenario():
+        add_veths(list(NETDEVS.values()))
+        proc = runc_run(bundle, f"nvshim-pair-prestart-{os.getpid()}")
+        return proc.returncode, proc.stdout + proc.stderr
+
+    rc, out = in_private_net_ns(scenario)
+    assert rc == 0, out
+    view = dict(
+        line.split(":", 1) if ":" in line else line.split("=", 1) for line in out.splitlines()
+    )
+    assert view["IB"].split() == ["rdma_cm", "uverbs1"]
+    assert view["NET"].split() == ["ibp53s0", "lo"]
+    record = [r for r in read_log(str(tmp_path / "nvshim.log")) if r.get("step") == "prestart"][-1]
+    assert record["rdma"] == "mlx5_1" and record["netdevs"] == "ibp53s0"
+    assert "NCCL_IB_HCA" in record["env_not_applied"].split(",")

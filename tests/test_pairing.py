@@ -396,3 +396,27 @@ def test_prestart_hook_pairs_and_hands_over_too(tmp_path, launchers, hgx):
     record = [r for r in read_log(str(tmp_path / "nvshim.log")) if r.get("step") == "prestart"][-1]
     assert record["rdma"] == "mlx5_1" and record["netdevs"] == "ibp53s0"
     assert "NCCL_IB_HCA" in record["env_not_applied"].split(",")
+
+
+def test_doctor_checks(sim_hosts, tmp_path):
+    from nvshim.config import Config, default_values
+    from nvshim.pairing.checks import check_gpu_nics, check_peermem
+
+    config = Config(default_values())
+    for name, want in (("hgx-h100x8-rdma", "ok"), ("rdma-cross-socket", "warn")):
+        sim = sim_hosts(name)
+        status, reason, fix = check_gpu_nics(discover_host(sim.driver_root, sim.dev_root), config)
+        assert status == want, reason
+    assert reason == "no NIC at PXB or better for GPU 0 (best SYS), GPU 1 (best SYS)"
+    assert "pairing.worst-affinity" in fix
+    root = tmp_path / "root"
+    assert check_peermem(str(root))[0] == "skip"
+    (root / "sys/class/infiniband").mkdir(parents=True)
+    (root / "proc").mkdir()
+    (root / "proc/modules").write_text("mlx5_ib 466944 0 - Live 0x0\n")
+    assert check_peermem(str(root))[:2] == (
+        "warn",
+        "nvidia_peermem is not loaded: NCCL falls back to staging RDMA through host memory",
+    )
+    (root / "proc/modules").write_text("nvidia_peermem 16384 0 - Live 0x0\n")
+    assert check_peermem(str(root))[0] == "ok"

@@ -3,10 +3,6 @@ for a simulated host's NIC netdevs, and nothing touches the machine's own links.
 
 from __future__ import annotations
 
-import json
-import os
-import traceback
-
 CLONE_NEWNET = 0x40000000
 
 
@@ -14,26 +10,9 @@ def in_private_net_ns(fn) -> object:
     """``fn()`` in a forked child inside a new network namespace; its JSON result, or an
     AssertionError carrying the child's failure."""
     from nvshim.hook import kernel
+    from tests.runc_util import in_forked_child
 
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        try:
-            try:
-                kernel.unshare(CLONE_NEWNET)
-                reply = json.dumps({"ok": fn()})
-            except BaseException:  # noqa: BLE001
-                reply = json.dumps({"error": traceback.format_exc()})
-            os.write(write_end, reply.encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    data = b""
-    while chunk := os.read(read_end, 65536):
-        data += chunk
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    reply = json.loads(data or b'{"error": "child died"}')
+    reply = in_forked_child(fn, lambda: kernel.unshare(CLONE_NEWNET))
     if "error" in reply:
         raise AssertionError(reply["error"])
     return reply["ok"]

@@ -117,20 +117,16 @@ def hgx(sim_hosts):
     return sim_hosts("hgx-h100x8-rdma")
 
 
+HANDOVER = {"enabled": True, "exclusive": True, "netdev_handover": True}
+
+
 def request(gpus: str, ask: str = "paired") -> dict[str, str]:
     return {"NVIDIA_VISIBLE_DEVICES": gpus, "NVSHIM_RDMA": ask}
 
 
 def test_gpu2_gets_exactly_its_nic_and_the_netdev_moves_in(tmp_path, launchers, hgx):
     config = write_pairing_config(
-        tmp_path,
-        hgx,
-        launchers,
-        enabled=True,
-        exclusive=True,
-        netdev_handover=True,
-        move_physical=["mlx5_1"],
-        netdev_name="rdma%d",
+        tmp_path, hgx, launchers, **HANDOVER, move_physical=["mlx5_1"], netdev_name="rdma%d"
     )
     box = Containers(tmp_path, launchers, config)
 
@@ -237,15 +233,7 @@ def test_nic_outside_allow_list_is_refused_and_nothing_moves(tmp_path, launchers
 
 
 def test_vanished_netdev_fails_the_start_and_moves_nothing(tmp_path, launchers, hgx):
-    config = write_pairing_config(
-        tmp_path,
-        hgx,
-        launchers,
-        enabled=True,
-        exclusive=True,
-        netdev_handover=True,
-        move_physical=["*"],
-    )
+    config = write_pairing_config(tmp_path, hgx, launchers, **HANDOVER, move_physical=["*"])
     box = Containers(tmp_path, launchers, config)
 
     def scenario():

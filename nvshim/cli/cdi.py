@@ -85,19 +85,11 @@ def generate(
         click.echo(f"nvshim: warning: {warning}", err=True)
     host = discover(driver_root, dev_root)
     hook_path = hook_path or config.get("runtime", "hook-path")
+    naming = {"vendor": vendor, "cls": cls, "strategies": strategies or ("index",)}
     if sharing:
         from nvshim.mps.cdi import shared_spec
 
-        spec = shared_spec(
-            host,
-            config,
-            caps,
-            hook_path,
-            vendor=vendor,
-            cls=cls,
-            strategies=strategies or ("index",),
-            daemon_check_hook=True,
-        )
+        spec = shared_spec(host, config, caps, hook_path, **naming, daemon_check_hook=True)
     else:
         extra, every = {}, None
         if pairing:
@@ -107,14 +99,7 @@ def generate(
             for note in notes:
                 click.echo(f"nvshim: warning: {note}", err=True)
         spec = build_spec(
-            host,
-            caps,
-            hook_path,
-            vendor=vendor,
-            cls=cls,
-            strategies=strategies or ("index",),
-            extra_device_edits=extra,
-            all_edits=every,
+            host, caps, hook_path, **naming, extra_device_edits=extra, all_edits=every
         )
     text = dump_spec(spec, fmt)
     if not output:

@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/setup.sh
-exec .venv/bin/python3 -m pytest -q -p no:cacheprovider "$@" tests
+# No path given: pytest runs its testpaths (tests/); a path given runs only that.
+exec .venv/bin/python3 -m pytest -q -p no:cacheprovider "$@"

@@ -1,38 +1,37 @@
-"""``nvshim install``: put the isolated launchers (and optionally the OCI hook file) in place."""
+"""``nvshim install``: put nvshim on a host (or a staging root) naming its final paths."""
 
 from __future__ import annotations
 
-import json
-import os
-
 import click
-
-from nvshim.launch import HOOK_ENV, write_launchers
-
-
-def hook_file_text(hook_path: str) -> str:
-    """The podman/CRI-O hooks.d entry running ``nvshim-hook prestart``."""
-    entry = {
-        "version": "1.0.0",
-        "hook": {"path": hook_path, "args": ["nvshim-hook", "prestart"], "env": list(HOOK_ENV)},
-        "when": {"always": True},
-        "stages": ["prestart"],
-    }
-    return json.dumps(entry, indent=2) + "\n"
 
 
 @click.command()
-@click.option("--bin-dir", default="/usr/bin", show_default=True, help="Where to write.")
+@click.option(
+    "--root",
+    "dest_root",
+    default="/",
+    show_default=True,
+    metavar="DIR",
+    help="Destination root: write below DIR (a package or image staging dir); "
+    "everything written still names the final paths.",
+)
+@click.option(
+    "--prefix",
+    default=None,
+    metavar="DIR",
+    help="Final path of the self-contained bundle (default: where the running bundle is; "
+    "from a virtualenv, the launchers go straight into --bin-dir).",
+)
+@click.option("--bin-dir", default="/usr/bin", show_default=True, help="Where the commands go.")
 @click.option("--hooks-dir", default=None, metavar="DIR", help="Also write the OCI hook JSON here.")
-def install(bin_dir: str, hooks_dir: str | None) -> None:
-    """Write nvshim-runtime and nvshim-hook (isolated: python -I -S) into --bin-dir."""
-    from nvshim.fsutil import atomic_write
+def install(dest_root: str, prefix: str | None, bin_dir: str, hooks_dir: str | None) -> None:
+    """Install nvshim-runtime, nvshim-hook (isolated: python -I -S) and the OCI hook file.
 
-    for path in write_launchers(bin_dir):
+    \b
+    nvshim install --bin-dir /usr/bin --hooks-dir /usr/share/containers/oci/hooks.d
+    nvshim install --root /tmp/stage --prefix /usr/lib/nvshim --bin-dir /usr/bin
+    """
+    from nvshim.install import install_host
+
+    for path in install_host(dest_root, prefix, bin_dir or None, hooks_dir):
         click.echo(f"installed {path}")
-    if hooks_dir:
-        os.makedirs(hooks_dir, exist_ok=True)
-        target = os.path.join(hooks_dir, "oci-nvshim-hook.json")
-        text = hook_file_text(os.path.join(os.path.abspath(bin_dir), "nvshim-hook"))
-        atomic_write(target, text.encode(), mode=0o644, backup=False)
-        click.echo(f"installed {target}")

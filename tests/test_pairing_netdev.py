@@ -135,3 +135,54 @@ def test_claims_are_exclusive_while_the_holder_lives(tmp_path):
         for p in (holder, other):
             p.kill()
             p.wait()
+
+
+def _hook_config(tmp_path, host, **pairing) -> str:
+    import json
+
+    lines = [
+        "[host]",
+        f'dev-root = "{host.dev_root}"',
+        "[runtime]",
+        f'log-file = "{tmp_path}/nvshim.log"',
+        f'state-dir = "{tmp_path}/state"',
+        "[pairing]",
+        *(f"{k.replace('_', '-')} = {json.dumps(v)}" for k, v in pairing.items()),
+    ]
+    path = tmp_path / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "policy", "message"),
+    [
+        (["--claim", "../../etc/x"], {}, "--claim '../../etc/x': no such RDMA device"),
+        (["--netdev", "eth0"], {"netdev_handover": True}, "'eth0': not a netdev of an RDMA"),
+        (["--netdev", "ibp53s0"], {}, "pairing.netdev-handover is false"),
+        (
+            ["--netdev", "ibp53s0"],
+            {"netdev_handover": True, "move_physical": ["mlx5_0"]},
+            "ibp53s0 is a physical function's netdev (mlx5_1) not named",
+        ),
+    ],
+)
+def test_hook_step_from_a_hostile_spec_is_refused(
+    tmp_path, launchers, sim_hosts, args, policy, message
+):
+    """A spec can carry an rdma-pair entry of its own: the step moves or claims only what
+    the host has and the policy allows, and leaves no file behind."""
+    from tests.runc_util import read_log, run_hook_direct
+
+    host = sim_hosts("hgx-h100x8-rdma")
+    config = _hook_config(tmp_path, host, **policy)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"root": {"path": "rootfs"}}')
+    proc = run_hook_direct(
+        [f"{launchers}/nvshim-hook", "rdma-pair", "--config", config, *args], str(bundle)
+    )
+    assert proc.returncode != 0
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "state").exists()
+    assert message in read_log(str(tmp_path / "nvshim.log"))[-1]["error"]

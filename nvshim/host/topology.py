@@ -40,8 +40,11 @@ class Topology:
         return next((n for n in self.nics if n.name == name), None)
 
 
-def discover_topology(host: Host, nvlinks: dict[int, int] | None = None) -> Topology:
-    """The topology of ``host``'s GPUs and the RDMA devices under its dev root.
+def discover_topology(
+    host: Host, nvlinks: dict[int, int] | None = None, gpus: list[int] | None = None
+) -> Topology:
+    """The topology of ``host``'s GPUs (only indexes ``gpus`` when given) and the RDMA
+    devices under its dev root.
 
     Raises TopologyError (one line naming the device and the sysfs path) when a GPU's or
     NIC's sysfs entry is missing, dangling or loops.
@@ -55,6 +58,7 @@ def discover_topology(host: Host, nvlinks: dict[int, int] | None = None) -> Topo
             (nvlinks or {}).get(g.index, 0),
         )
         for g in host.gpus
+        if gpus is None or g.index in gpus
     ]
     nics = discover_rdma(host.dev_root, warnings)
     return Topology(gpus, nics, rdma_cm_node(host.dev_root), warnings)

@@ -236,7 +236,9 @@ def pairing_edits(edits: ContainerEdits, devices, request, host, config, log: di
         return edits
     from nvshim.host.topology import discover_topology
 
-    topo = discover_topology(host)
+    wanted = [getattr(d, "parent_index", None) for d in devices]
+    wanted = [d.index if i is None else i for d, i in zip(devices, wanted, strict=True)]
+    topo = discover_topology(host, gpus=wanted)
     busy: dict[str, str] = {}
     if cfg["exclusive"]:
         from nvshim.pairing.claims import live_claims

@@ -33,7 +33,7 @@ def _start_once(work_root, golden, binary, request, env, name) -> float:
     work = os.path.join(work_root, f"run-{name}")
     rootfs = os.path.join(work, "rootfs")
     shutil.copytree(golden, rootfs, symlinks=True)
-    extra = {"NVIDIA_VISIBLE_DEVICES": request} if request else {}
+    extra = {"NVIDIA_VISIBLE_DEVICES": request} if isinstance(request, str) else request or {}
     bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra)
     command = [binary, "--root", os.path.join(work, "state"), "run", "--bundle", bundle, name]
     start = time.perf_counter()

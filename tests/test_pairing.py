@@ -408,3 +408,43 @@ def test_doctor_checks(sim_hosts, tmp_path):
     )
     (root / "proc/modules").write_text("nvidia_peermem 16384 0 - Live 0x0\n")
     assert check_peermem(str(root))[0] == "ok"
+
+
+def test_podman_with_the_paired_cdi_spec(sim_hosts, tmp_path, launchers):
+    """The CDI sink end to end: podman (its own network namespace, --network none) given
+    GPU 2 of a spec generated with --pairing gets the paired HCA, its env and, through the
+    spec's createRuntime hook, its netdev."""
+    from tests.podman_util import podman_run
+
+    host = sim_hosts("hgx-h100x8-rdma")
+    config = write_pairing_config(
+        tmp_path, host, launchers, **HANDOVER, move_physical=["mlx5_1"], netdev_name="rdma%d"
+    )
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    spec = cdi_dir / "nvidia.yaml"
+    proc = run_nvshim(
+        "cdi", "generate", "--pairing", "-o", str(spec), env={"NVSHIM_CONFIG": config}
+    )
+    assert proc.returncode == 0, proc.stderr
+    rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+
+    def scenario():
+        add_veths(list(NETDEVS.values()))
+        run = podman_run(
+            tmp_path,
+            rootfs,
+            ["--device", "nvidia.com/gpu=2", "--", "/bin/sh", "-c", SHOW],
+            cdi_dir=str(cdi_dir),
+        )
+        return run.returncode, run.stdout, run.stderr, links()
+
+    rc, out, err, after = in_private_net_ns(scenario)
+    assert rc == 0, err
+    view = dict(
+        line.split(":", 1) if ":" in line else line.split("=", 1) for line in out.splitlines()
+    )
+    assert view["IB"].split() == ["rdma_cm", "uverbs1"]
+    assert view["HCA"] == "=mlx5_1" and view["HCAS"] == "mlx5_1"
+    assert view["NET"].split() == ["lo", "rdma0"]
+    assert "ibp53s0" not in after and "ibp21s0" in after

@@ -2,7 +2,15 @@
 ``nvidia_peermem`` loaded, and does every GPU have a NIC at the accepted affinity.
 
 Each returns ``(status, reason, fix)``: status ``ok``, ``warn`` or ``skip`` (nothing to
-check: no RDMA device), reason one line, fix None when ok.
+check: no RDMA device), reason one line, fix None when ok. Registering one with the
+doctor's registry takes a few lines::
+
+    @check("gpudirect-rdma", "nvidia_peermem is loaded where RDMA devices are")
+    def peermem(ctx):
+        status, reason, fix = check_peermem(ctx.dev_root)
+        if status == "skip":
+            raise Skip(reason)
+        return Result("gpudirect-rdma", status, reason, fix)
 """
 
 from __future__ import annotations

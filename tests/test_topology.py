@@ -159,3 +159,28 @@ def test_dangling_link_is_one_error_line(broken_host):
     os.rename(gpu_dir, gpu_dir + ".gone")
     line = _error_line(topology(broken_host))
     assert line.startswith("nvshim: error: GPU 0: ") and "dangling" in line
+
+
+def test_pairing_on_broken_sysfs_refuses_with_the_same_line(broken_host, tmp_path):
+    """The runtime's pairing reads the same sysfs: a loop refuses the container with one
+    error naming the device, before anything is written."""
+    from nvshim.config import load_config
+    from nvshim.errors import NvshimError
+    from nvshim.host.discover import discover_host
+    from nvshim.policy.select import edits_for_spec
+
+    link = os.path.join(broken_host.dev_root, "sys/class/infiniband/mlx5_0/device")
+    os.unlink(link)
+    os.symlink("device", link)
+    config = tmp_path / "config.toml"
+    config.write_text(
+        "[policy]\naccept-env-unprivileged = true\n[pairing]\n"
+        'enabled = true\nworst-affinity = "SYS"\n'
+    )
+    host = discover_host(broken_host.driver_root, broken_host.dev_root)
+    spec = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0", "NVSHIM_RDMA=paired"]}}
+    with pytest.raises(NvshimError) as err:
+        edits_for_spec(spec, load_config(str(config)), host)
+    assert str(err.value) == (
+        f"RDMA device mlx5_0: {link}: too many levels of symbolic links (a sysfs link loop)"
+    )

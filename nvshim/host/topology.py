@@ -12,6 +12,8 @@ from nvshim.host.pcie import LEGEND, PciLocation, affinity, bdf_from_bus_id, pci
 from nvshim.host.rdma import RdmaDevice, discover_rdma, rdma_cm_node
 from nvshim.record import asdict, field, record
 
+NvLinks = tuple  # (links to NVSwitches, ((peer GPU bdf, links), ...))
+
 
 @record(frozen=True)
 class GpuPlace:
@@ -21,6 +23,7 @@ class GpuPlace:
     uuid: str
     location: PciLocation
     nvlinks: int = 0  # active NVLinks to NVSwitches (0: none or unknown)
+    nvlink_peers: tuple[tuple[str, int], ...] = ()  # (GPU bdf, links) of direct NVLinks
 
 
 @record
@@ -41,7 +44,7 @@ class Topology:
 
 
 def discover_topology(
-    host: Host, nvlinks: dict[int, int] | None = None, gpus: list[int] | None = None
+    host: Host, nvlinks: dict[int, NvLinks] | None = None, gpus: list[int] | None = None
 ) -> Topology:
     """The topology of ``host``'s GPUs (only indexes ``gpus`` when given) and the RDMA
     devices under its dev root.
@@ -55,7 +58,7 @@ def discover_topology(
             g.index,
             g.uuid,
             pci_location(host.dev_root, bdf_from_bus_id(g.pci_bus_id), f"GPU {g.index}"),
-            (nvlinks or {}).get(g.index, 0),
+            *(nvlinks or {}).get(g.index, (0, ())),
         )
         for g in host.gpus
         if gpus is None or g.index in gpus
@@ -70,7 +73,8 @@ def gpu_gpu(a: GpuPlace, b: GpuPlace) -> str:
         return "X"
     if a.nvlinks and b.nvlinks:
         return f"NV{min(a.nvlinks, b.nvlinks)}"
-    return affinity(a.location, b.location)
+    direct = dict(a.nvlink_peers).get(b.location.bdf)
+    return f"NV{direct}" if direct else affinity(a.location, b.location)
 
 
 def matrix(topo: Topology) -> tuple[list[str], list[list[str]]]:
@@ -147,9 +151,9 @@ def to_dict(topo: Topology, links: dict[str, dict[str, object]] | None = None) -
     return data
 
 
-def nvlink_counts(driver_root: str) -> tuple[dict[int, int], list[str]]:
-    """Active NVLinks to NVSwitches per GPU index, from NVML (0 where none); a warning
-    instead when NVML cannot say."""
+def nvlink_counts(driver_root: str) -> tuple[dict[int, NvLinks], list[str]]:
+    """Per GPU index, from NVML: active NVLinks to NVSwitches, and direct links per peer
+    GPU (sysfs address); a warning instead when NVML cannot say."""
     from nvshim.errors import NvshimError
     from nvshim.host import files, nvml
 
@@ -160,11 +164,11 @@ def nvlink_counts(driver_root: str) -> tuple[dict[int, int], list[str]]:
         pynvml.nvmlInit()
     except (NvshimError, Exception) as err:  # noqa: BLE001 - NVLink is optional here
         return {}, [f"NVLink state unknown: {err}"]
-    counts: dict[int, int] = {}
+    counts: dict[int, NvLinks] = {}
     try:
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            counts[index] = _switch_links(pynvml, handle)
+            counts[index] = _links(pynvml, handle)
     except pynvml.NVMLError as err:
         warnings.append(f"NVLink state unknown: {err}")
     finally:
@@ -172,15 +176,20 @@ def nvlink_counts(driver_root: str) -> tuple[dict[int, int], list[str]]:
     return counts, warnings
 
 
-def _switch_links(pynvml, handle) -> int:
-    active = 0
+def _links(pynvml, handle) -> NvLinks:
+    switch = 0
+    peers: dict[str, int] = {}
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         try:
             if not pynvml.nvmlDeviceGetNvLinkState(handle, link):
                 continue
             kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+            if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                switch += 1
+            elif kind == pynvml.NVML_NVLINK_DEVICE_TYPE_GPU:
+                remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId
+                bdf = bdf_from_bus_id(remote.decode() if isinstance(remote, bytes) else remote)
+                peers[bdf] = peers.get(bdf, 0) + 1
         except pynvml.NVMLError:
             continue
-        if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
-            active += 1
-    return active
+    return switch, tuple(sorted(peers.items()))

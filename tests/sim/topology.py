@@ -19,7 +19,8 @@ A topology names the driver and its GPUs; see ``hosts/*.yaml`` for examples. Key
   NVML's MIG index, default: list position), ``gi_slices``, ``ci_slices``, ``sm_count``.
 - GPUs may also give ``pci_path`` (the PCIe bridges from the root port down to the GPU's
   parent, ``["0000:10:01.0", "0000:11:00.0"]``: sysfs then holds the tree, see ``pcifs``)
-  and ``nvlinks`` (active NVLinks, all to NVSwitches).
+  and ``nvlinks`` (active NVLinks: to NVSwitches, or with ``nvlink_peer``, the index of
+  another GPU, all to that GPU, as an NVLink bridge does).
 - ``nics``: RDMA devices, each ``name`` (``mlx5_0``), ``pci_bus_id`` (``0000:15:00.0``),
   ``pci_path``, ``numa_node``, ``link_layer`` (InfiniBand/Ethernet), ``netdevs``, ``uverbs``
   (N of ``/dev/infiniband/uverbsN``), optionally ``ports`` (default 1) and ``physfn`` (the
@@ -216,6 +217,10 @@ def normalize(data: dict[str, Any], source: str) -> dict[str, Any]:
     mig_uuids = [m["uuid"] for g in gpus for m in g["mig_devices"]]
     if len(set(mig_uuids)) != len(mig_uuids):
         raise NvshimError(f"{source}: gpus: a MIG uuid is used twice")
+    for gpu in gpus:
+        peer = gpu["nvlink_peer"]
+        if peer is not None and not (0 <= peer < len(gpus) and peer != gpu["index"]):
+            raise NvshimError(f"{source}: gpus[{gpu['index']}].nvlink_peer: no GPU {peer}")
     out["gpus"] = gpus
     out["nics"] = [_nic(source, f"nics[{i}]", n) for i, n in enumerate(top.get("nics", list, []))]
     _check_pci_tree(source, gpus, out["nics"])
@@ -293,6 +298,7 @@ def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[st
         "mig_devices",
         "pci_path",
         "nvlinks",
+        "nvlink_peer",
     }
     for key in raw:
         if key not in known:
@@ -342,6 +348,7 @@ def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[st
         "fail": _fail(source, where, raw.get("fail")),
         "pci_path": _pci_path(c),
         "nvlinks": c.get("nvlinks", int, 0),
+        "nvlink_peer": c.get("nvlink_peer", int, None),
     }
     migs_raw = c.get("mig_devices", list, [])
     if migs_raw and mig_mode != 1:
@@ -466,6 +473,8 @@ def render_fake_nvml(topo: dict[str, Any]) -> str:
             "fail_on_handle": int(fail["on_handle"]),
             "nvlinks": g["nvlinks"],
         }
+        if g["nvlink_peer"] is not None:
+            fields["nvlink_peer"] = topo["gpus"][g["nvlink_peer"]]["pci_bus_id"]
         if fail["only"]:
             fields["fail_only"] = ",".join(fail["only"])
         lines.append(_record("gpu", fields, g["name"]))

@@ -28,14 +28,17 @@ from tests.sim.simhost import build_host  # noqa: E402
 from tests.sim.topology import generate_topology  # noqa: E402
 
 
-def _start_once(work_root, golden, binary, request, env, name) -> float:
-    """Wall time of one ``<binary> run`` of a fresh busybox bundle (then removed)."""
+def _start_once(
+    work_root, golden, binary, request, env, name, prefix=(), annotations=None
+) -> float:
+    """Wall time of one ``<prefix> <binary> run`` of a fresh busybox bundle (then removed)."""
     work = os.path.join(work_root, f"run-{name}")
     rootfs = os.path.join(work, "rootfs")
     shutil.copytree(golden, rootfs, symlinks=True)
     extra = {"NVIDIA_VISIBLE_DEVICES": request} if isinstance(request, str) else request or {}
-    bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra)
-    command = [binary, "--root", os.path.join(work, "state"), "run", "--bundle", bundle, name]
+    bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra, annotations=annotations)
+    state = os.path.join(work, "state")
+    command = [*prefix, binary, "--root", state, "run", "--bundle", bundle, name]
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
@@ -43,6 +46,38 @@ def _start_once(work_root, golden, binary, request, env, name) -> float:
         raise SystemExit(f"{binary} ({name}): {proc.stderr.strip()}")
     shutil.rmtree(work)
     return elapsed
+
+
+def interleaved(work_root, cases, env, runs: int) -> dict[str, list[float]]:
+    """Start times of each case ``(label, binary, request, golden rootfs)`` over ``runs``
+    rounds after one warm-up round. The cases are interleaved round by round, so drift
+    on the machine hits every case alike; compare them through paired differences."""
+    times: dict[str, list[float]] = {label: [] for label, *_ in cases}
+    for i in range(runs + 1):
+        for n, (label, binary, request, golden) in enumerate(cases):
+            elapsed = _start_once(work_root, golden, binary, request, env, f"{n}-{i}")
+            if i:  # the first round is a warm-up
+                times[label].append(elapsed)
+    return times
+
+
+def paired_added_ms(values: list[float], bare: list[float]) -> float:
+    """The added time in ms: the median of each round's difference to bare runc."""
+    return statistics.median([v - b for v, b in zip(values, bare, strict=True)]) * 1000
+
+
+def write_bench_config(directory: str, sim, bin_dir: str, runtime_extra: str = "") -> str:
+    """``<directory>/config.toml`` for the simulated host ``sim``: hooks from ``bin_dir``,
+    log and state under ``directory``, env requests honoured; returns its path."""
+    config = os.path.join(directory, "config.toml")
+    with open(config, "w") as fh:
+        fh.write(
+            f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
+            f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{directory}/log"\n'
+            f'state-dir = "{directory}/state"\n{runtime_extra}'
+            "[policy]\naccept-env-unprivileged = true\n"
+        )
+    return config
 
 
 def main() -> None:
@@ -57,13 +92,7 @@ def main() -> None:
         sim = build_host(generate_topology(8, False), os.path.join(tmp, "host"))
         bin_dir = os.path.join(tmp, "bin")
         write_launchers(bin_dir)
-        config = os.path.join(tmp, "config.toml")
-        with open(config, "w") as fh:
-            fh.write(
-                f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
-                f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{tmp}/log"\n'
-                f'state-dir = "{tmp}/state"\n[policy]\naccept-env-unprivileged = true\n'
-            )
+        config = write_bench_config(tmp, sim, bin_dir)
         env = {"PATH": os.environ["PATH"], "NVSHIM_CONFIG": config}
         static = make_busybox_rootfs(os.path.join(tmp, "static"), glibc_loader=False)
         glibc = make_busybox_rootfs(os.path.join(tmp, "glibc"))
@@ -87,21 +116,12 @@ def main() -> None:
             env={**env, "PYTHONPATH": REPO},
             check=True,
         )
-        times: dict[str, list[float]] = {label: [] for label, *_ in cases}
-        # cases interleaved round by round, so drift on the machine hits every case alike;
-        # the added time is the median of each round's difference to bare runc
-        for i in range(opts.runs + 1):
-            for n, (label, binary, request, golden) in enumerate(cases):
-                elapsed = _start_once(work_root, golden, binary, request, env, f"{n}-{i}")
-                if i:  # the first round is a warm-up
-                    times[label].append(elapsed)
+        times = interleaved(work_root, cases, env, opts.runs)
         bare = times["bare runc"]
         print(f"container start (runc run of busybox /bin/true), median of {opts.runs} rounds:")
         added = {}
         for label, values in times.items():
-            added[label] = (
-                statistics.median([v - b for v, b in zip(values, bare, strict=True)]) * 1000
-            )
+            added[label] = paired_added_ms(values, bare)
             median = statistics.median(values)
             print(
                 f"  {label:<20} {median * 1000:7.1f} ms  added {added[label]:+6.1f} ms"

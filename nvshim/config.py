@@ -25,6 +25,11 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "runtime": {
         "runtimes": list(DEFAULT_RUNTIMES),
         "log-file": "/var/log/nvshim.log",
+        "log-format": "text",
+        "log-level": "info",
+        "log-max-size": 10 * 1024 * 1024,
+        "log-backups": 3,
+        "log-target": "file",
         "hook-path": "/usr/bin/nvshim-hook",
         "state-dir": "/run/nvshim",
     },
@@ -38,6 +43,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
     },
     "sharing": {
         "config": "/etc/nvshim/sharing.yaml",
+        "config-name": "",
+        "config-default": "",
+        "mig-strategy": "",
         "mps-root": "/run/nvshim/mps",
         "on-daemon-down": "fail",
     },

@@ -282,3 +282,22 @@ def mounts_under(path: str | os.PathLike) -> list[str]:
             if point == base or point.startswith(base + "/"):
                 found.append(point)
     return found
+
+
+def configure_containerd(config: str | os.PathLike, runtime_path: str, *extra: str) -> None:
+    """``nvshim configure --runtime containerd`` of ``config`` (a 1.6 file) for
+    ``runtime_path``, with ``extra`` options; asserts it succeeded."""
+    from tests.conftest import run_nvshim
+
+    proc = run_nvshim(
+        "configure",
+        "--runtime",
+        "containerd",
+        "--config",
+        os.fspath(config),
+        "--runtime-path",
+        runtime_path,
+        *extra,
+        env={"NVSHIM_CONTAINERD_VERSION": "1.6.20"},
+    )
+    assert proc.returncode == 0, proc.stderr

@@ -176,7 +176,7 @@ def test_vendor_class_and_uuid_only_give_lowest_version(tmp_path, sim_hosts):
     [
         (["--vendor", "-bad"], "-bad"),
         (["--class", "a/b"], "a/b"),
-        (["-o", "/nonexistent-dir/spec.yaml"], "/nonexistent-dir"),
+        (["-o", "/dev/null/cdi/spec.yaml"], "cannot create /dev/null"),
         (["-o", "spec.txt"], "spec.txt"),
     ],
 )
@@ -207,7 +207,10 @@ def test_cdi_list(sim_hosts, tmp_path):
     d.mkdir()
     generate(sim, "-o", str(d / "nvidia.yaml"))
     proc = run_nvshim("cdi", "list", "--spec-dir", str(d))
-    assert proc.stdout.split() == [f"nvidia.com/gpu=0:{i}" for i in range(7)] + [
+    by_index_and_uuid = [  # the default names: index and UUID, as the device plugin asks
+        name for i, uuid in enumerate(sim.mig_uuids()) for name in (f"0:{i}", uuid)
+    ]
+    assert proc.stdout.split() == [f"nvidia.com/gpu={n}" for n in sorted(by_index_and_uuid)] + [
         "nvidia.com/gpu=all"
     ]
 

@@ -191,7 +191,7 @@ def test_inventory_cache_avoids_nvml_until_the_driver_changes(tmp_path):
         load_host(sim.driver_root, sim.dev_root, state)
 
 
-def test_info_shows_sharing_and_survives_a_broken_sharing_config(sim_hosts, tmp_path):
+def test_info_shows_sharing_and_fails_on_a_broken_sharing_config(sim_hosts, tmp_path):
     sim = sim_hosts("single")
     sharing = tmp_path / "sharing.yaml"
     config = tmp_path / "config.toml"
@@ -207,5 +207,8 @@ def test_info_shows_sharing_and_survives_a_broken_sharing_config(sim_hosts, tmp_
     assert row.split()[-1] != "none"
     sharing.write_text("version: v9\n")
     proc = run_nvshim(*args, env={"NVSHIM_CONFIG": str(config)})
-    assert proc.returncode == 0
-    assert "warning: sharing config:" in proc.stderr
+    assert proc.returncode == 1  # the host is still shown, the broken file fails the command
+    assert sim.gpu_uuids()[0] in proc.stdout
+    assert proc.stderr.strip() == (
+        f"nvshim: error: sharing config: {sharing}: version: must be 'v1', got 'v9'"
+    )

@@ -20,12 +20,13 @@ from tests.sim.simhost import build_host
 
 GPU1 = "GPU-9d9231cf-dcd5-4b0e-0f9d-e8a86f92f3cc"
 GPU3 = "GPU-4998f9d2-f279-514d-1035-17bd5c4caca3"
-MIG_6_2 = "MIG-dd355a87-3a27-cc3f-2218-7ad3de192436"
-SHARING = f"""version: v1
+# mixed: GPUs 0-5 are nvidia.com/gpu and MPS-shared; 6 and 7 are MIG devices, not shared
+SHARING = """version: v1
+flags: {migStrategy: mixed}
 sharing:
   mps:
     resources:
-    - {{name: nvidia.com/gpu, replicas: 4, devices: [{GPU1}, "6:2"]}}
+    - {name: nvidia.com/gpu, replicas: 4}
 """
 
 
@@ -54,7 +55,10 @@ def test_shared_spec_carries_the_mps_edits_of_shared_devices_only(cdi_host):
     assert spec["kind"] == "nvidia.com/gpu.shared"
     assert spec["cdiVersion"] == "0.6.0"  # the dot in the class
     devices = _devices(spec)
-    assert sorted(devices) == sorted(["1", GPU1, "6:2", MIG_6_2])  # no "all", nothing unshared
+    whole = [g for g in host.gpus if not g.mig_enabled]
+    assert [g.index for g in whole] == [0, 1, 2, 3, 4, 5]
+    # no "all", nothing unshared: no MIG device, no GPU in MIG mode
+    assert sorted(devices) == sorted([str(g.index) for g in whole] + [g.uuid for g in whole])
     gpu1 = devices["1"]
     assert gpu1 == devices[GPU1]
     assert gpu1["env"] == [
@@ -67,7 +71,7 @@ def test_shared_spec_carries_the_mps_edits_of_shared_devices_only(cdi_host):
         (f"{root}/mps/{GPU1}/shm", "/dev/shm"),
     ]
     assert [n["path"] for n in gpu1["deviceNodes"]] == ["/dev/nvidia1"]
-    assert devices["6:2"]["mounts"][0]["hostPath"] == f"{root}/mps/{MIG_6_2}/pipe"
+    assert devices["3"]["mounts"][0]["hostPath"] == f"{root}/mps/{GPU3}/pipe"
     assert validate_spec(spec) == []
 
 
@@ -89,7 +93,7 @@ def test_daemon_check_hook_and_time_slicing(cdi_host, tmp_path):
     sharing = tmp_path / "ts.yaml"
     sharing.write_text(
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        "    - {name: nvidia.com/gpu, replicas: 2, devices: [3]}\n"
+        "    - {name: nvidia.com/gpu, replicas: 2}\n"
     )
     config.values["sharing"]["config"] = str(sharing)
     try:
@@ -97,7 +101,8 @@ def test_daemon_check_hook_and_time_slicing(cdi_host, tmp_path):
     finally:
         config.values["sharing"]["config"] = str(root / "sharing.yaml")
     assert spec["cdiVersion"] == "0.5.0"  # device names start with a digit
-    assert list(_devices(spec)) == ["3"]
+    # none shares every GPU whole, but a GPU in MIG mode (6, 7) cannot be given whole
+    assert list(_devices(spec)) == [str(i) for i in range(6)]
     assert _devices(spec)["3"] == {"deviceNodes": _devices(spec)["3"]["deviceNodes"]}
 
 
@@ -165,7 +170,7 @@ def test_cli_generate_sharing_writes_the_shared_spec(cdi_host, tmp_path):
     assert spec["kind"] == "nvidia.com/gpu.shared"
     assert spec["cdiVersion"] == "0.6.0"
     names = {d["name"] for d in spec["devices"]}
-    assert {GPU1, MIG_6_2} <= names and GPU3 not in names
+    assert {GPU1, GPU3} <= names and not any(n.startswith("MIG-") for n in names)
     env = _devices(spec)[GPU1].get("env", [])
     assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps" in env
     assert run_nvshim("cdi", "validate", str(out)).returncode == 0

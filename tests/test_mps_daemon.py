@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import dataclass
 
 import pytest
+import yaml
 
 from nvshim.host.discover import discover_host
 from nvshim.host.model import Host
@@ -20,19 +21,26 @@ from tests.sim.simhost import SimHost, build_host
 
 GPU0 = "GPU-92e91e7d-ffd7-601c-459e-d7fde767a1c6"
 GPU1 = "GPU-9d9231cf-dcd5-4b0e-0f9d-e8a86f92f3cc"
-GPU2 = "GPU-f2af56f9-8248-ff94-8cb3-7bd99c962855"
-GPU6 = "GPU-f73b3dbf-c113-9b90-fdd9-8529c42fd596"
-MIG_6_2 = "MIG-dd355a87-3a27-cc3f-2218-7ad3de192436"
-SHARED = {GPU0: ("0", 81559 // 4), GPU1: ("1", 81559 // 4), MIG_6_2: ("6:2", 9856 // 4)}
+GPU6 = "GPU-f73b3dbf-c113-9b90-fdd9-8529c42fd596"  # index 2 on the host below, MIG mode
+SHARED = {GPU0: ("0", 81559 // 4), GPU1: ("1", 81559 // 4)}
+# mixed: the two whole GPUs are nvidia.com/gpu and MPS-shared; the MIG-mode GPU is not
 SHARING = """version: v1
+flags:
+  migStrategy: mixed
 sharing:
   mps:
-    failRequestsGreaterThanOne: true
     resources:
     - name: nvidia.com/gpu
       replicas: 4
-      devices: [0, "GPU-9d9231cf-dcd5-4b0e-0f9d-e8a86f92f3cc", "6:2"]
 """
+
+
+def _topology() -> dict:
+    """h100x8-mig cut to GPUs 0 and 1 (whole) and GPU 6 (MIG mode) as index 2."""
+    with open(os.path.join(os.path.dirname(__file__), "sim", "hosts", "h100x8-mig.yaml")) as fh:
+        data = yaml.safe_load(fh)
+    gpus = [data["gpus"][0], data["gpus"][1], {**data["gpus"][6], "index": 2}]
+    return {**data, "name": "h100x3-mig", "gpus": gpus}
 
 
 @dataclass
@@ -109,7 +117,7 @@ def _mounted(path: str) -> str | None:
 
 
 def _build(root, extra_files) -> MpsHost:
-    sim = build_host("h100x8-mig", str(root / "host"), extra_files=extra_files)
+    sim = build_host(_topology(), str(root / "host"), extra_files=extra_files)
     (root / "sharing.yaml").write_text(SHARING)
     mps_root = str(root / "mps")
     config = root / "config.toml"
@@ -176,7 +184,7 @@ def test_start_runs_one_daemon_per_shared_device_then_stop_undoes_it(mps):
         assert not os.path.exists(os.path.join("/dev/shm", marker))
         assert _mounted(shm).startswith("tmpfs ") and "size=65536k" in _mounted(shm)
     assert (mps.mode(GPU0), mps.mode(GPU1)) == (compute.EXCLUSIVE_PROCESS,) * 2
-    assert (mps.mode(GPU2), mps.mode(GPU6)) == (compute.DEFAULT, compute.DEFAULT)
+    assert mps.mode(GPU6) == compute.DEFAULT
 
     pids = {u: mps.pid(u) for u in SHARED}
     again = mps.nvshim("mps", "start", "--json")
@@ -216,7 +224,6 @@ def test_status_shows_limits_and_catches_drift_and_dead_daemons(mps):
     assert all(d["healthy"] and d["running"] for d in status.values())
     assert (status[GPU0]["thread_percentage"], status[GPU0]["memory_limit_mib"]) == (25, 20389)
     assert status[GPU0]["compute_mode"] == "Exclusive_Process"
-    assert status[MIG_6_2]["compute_mode"] is None  # MIG devices keep their parent's mode
 
     # someone loosened GPU 1's default share behind nvshim's back
     assert mps.client(GPU1, "set_default_active_thread_percentage 100\n").strip() == "100.0"
@@ -225,12 +232,11 @@ def test_status_shows_limits_and_catches_drift_and_dead_daemons(mps):
     proc = mps.nvshim("mps", "status", "--json")
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0
-    assert "2 of 3 MPS daemon(s) not running or unhealthy: 0, 1" in proc.stderr
+    assert "2 of 2 MPS daemon(s) not running or unhealthy: 0, 1" in proc.stderr
     status = {d["uuid"]: d for d in json.loads(proc.stdout)["daemons"]}
     assert status[GPU1]["running"] and not status[GPU1]["healthy"]
     assert status[GPU1]["reported_thread_percentage"] == 100.0
     assert not status[GPU0]["running"] and "stale pid file" in status[GPU0]["problem"]
-    assert status[MIG_6_2]["healthy"]
 
     table = mps.nvshim("mps", "status").stdout
     assert "25% (daemon 100%)" in table and "unhealthy" in table
@@ -247,8 +253,8 @@ def test_status_shows_limits_and_catches_drift_and_dead_daemons(mps):
 def test_unknown_or_unshared_gpu_is_a_usage_error(mps):
     proc = mps.nvshim("mps", "start", "--gpu", "2")
     assert proc.returncode == 2
-    assert "--gpu 2: not an MPS-shared device (those are: 0, 1, 6:2)" in proc.stderr
-    assert not os.path.exists(os.path.join(mps.root, GPU2))
+    assert "--gpu 2: not an MPS-shared device (those are: 0, 1)" in proc.stderr
+    assert not os.path.exists(os.path.join(mps.root, GPU6))
 
 
 FAILING_CONTROL = '#!/bin/sh\n[ "$1" = -d ] && { echo "cannot open /dev/nvidiactl" >&2; exit 1; }\n'

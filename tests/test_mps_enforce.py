@@ -20,28 +20,29 @@ from tests.runc_util import make_bundle, make_busybox_rootfs, runc_run
 from tests.sim import fake_mps_control
 from tests.sim.simhost import build_host
 
+# MPS under migStrategy mixed: GPUs 0-5 are nvidia.com/gpu, each MPS-shared x4
 GPU0 = "GPU-92e91e7d-ffd7-601c-459e-d7fde767a1c6"  # MPS-shared, daemon never started
 GPU1 = "GPU-9d9231cf-dcd5-4b0e-0f9d-e8a86f92f3cc"  # MPS-shared x4, daemon running
-GPU2 = "GPU-f2af56f9-8248-ff94-8cb3-7bd99c962855"  # not shared
+GPU2 = "GPU-f2af56f9-8248-ff94-8cb3-7bd99c962855"  # MPS-shared x4, daemon never started
 GPU3 = "GPU-4998f9d2-f279-514d-1035-17bd5c4caca3"  # time-sliced (second config)
-MIG_6_2 = "MIG-dd355a87-3a27-cc3f-2218-7ad3de192436"  # MPS-shared x4, daemon running
+MIG_6_1 = "MIG-446df19c-d260-2572-7f36-b52f3b5f1262"  # 2g.20gb: not shared
 SHARE_MIB = 81559 // 4
 
-MPS_SHARING = f"""version: v1
+MPS_SHARING = """version: v1
+flags:
+  migStrategy: mixed
 sharing:
   mps:
-    failRequestsGreaterThanOne: true
     resources:
     - name: nvidia.com/gpu
       replicas: 4
-      devices: [0, {GPU1}, "6:2"]
 """
 TIME_SLICING = """version: v1
 sharing:
   timeSlicing:
     failRequestsGreaterThanOne: true
     resources:
-    - {name: nvidia.com/gpu, replicas: 8, devices: [3]}
+    - {name: nvidia.com/gpu, replicas: 8}
 """
 # What the container prints: its CUDA_ variables, then its MPS-related mounts, then files.
 PROBE = (
@@ -106,9 +107,7 @@ def shared_host(tmp_path_factory, launchers):
         ),
         "ts": _write_config(str(root / "ts.toml"), sim, root / "ts.yaml", mps_root, log, state),
     }
-    started = run_nvshim(
-        "mps", "start", "--gpu", "1", "--gpu", "6:2", env={"NVSHIM_CONFIG": configs["mps"]}
-    )
+    started = run_nvshim("mps", "start", "--gpu", "1", env={"NVSHIM_CONFIG": configs["mps"]})
     assert started.returncode == 0, started.stderr
     rootfs = make_busybox_rootfs(root / "rootfs")
     env = Env(
@@ -161,18 +160,6 @@ def test_shared_gpu_gets_its_pipe_dir_shm_and_share(shared_host, tmp_path):
     assert _marker(GPU1, shared_host.mps_root) in files
 
 
-def test_mps_on_a_mig_device(shared_host, tmp_path):
-    proc = shared_host.run(tmp_path, {"NVIDIA_VISIBLE_DEVICES": "6:2"})
-    assert proc.returncode == 0, proc.stderr
-    env, mounts, files = _sections(proc.stdout)
-    assert env["CUDA_VISIBLE_DEVICES"] == MIG_6_2
-    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{MIG_6_2}={9856 // 4}M"
-    assert [r for p, r in _mount_points(mounts) if p == "/run/nvidia-mps"][0].endswith(
-        f"/{MIG_6_2}/pipe"
-    )
-    assert _marker(MIG_6_2, shared_host.mps_root) in files
-
-
 @pytest.mark.parametrize(
     "threads,memory,want_threads,want_memory",
     [
@@ -206,7 +193,7 @@ def test_non_shared_gpu_gets_nothing_mps_whatever_it_sets(shared_host, tmp_path)
     proc = shared_host.run(
         tmp_path,
         {
-            "NVIDIA_VISIBLE_DEVICES": "2",
+            "NVIDIA_VISIBLE_DEVICES": "6:1",
             "CUDA_MPS_PIPE_DIRECTORY": f"{shared_host.mps_root}/{GPU1}/pipe",
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
             "CUDA_MPS_LOG_DIRECTORY": "/tmp/log",
@@ -214,7 +201,7 @@ def test_non_shared_gpu_gets_nothing_mps_whatever_it_sets(shared_host, tmp_path)
     )
     assert proc.returncode == 0, proc.stderr
     env, mounts, files = _sections(proc.stdout)
-    assert env["CUDA_VISIBLE_DEVICES"] == GPU2
+    assert env["CUDA_VISIBLE_DEVICES"] == MIG_6_1
     mps_env = {k: v for k, v in env.items() if k.startswith("CUDA_MPS_")}
     assert mps_env == {
         "CUDA_MPS_PIPE_DIRECTORY": "",
@@ -259,7 +246,7 @@ def test_daemon_down_refuses_the_container_or_warns(shared_host, tmp_path):
             "failRequestsGreaterThanOne: 2 replicas requested, at most 1 allowed",
         ),
         (f"1,{GPU1}::3", "2 replicas requested"),
-        ("1,6:2", "2 shared devices requested"),
+        ("1,2", "2 shared devices requested"),
     ],
 )
 def test_more_than_one_replica_is_refused(shared_host, tmp_path, visible, expect):
@@ -298,10 +285,10 @@ def _select(shared_host, env: dict[str, str], config: str = "mps"):
 
 def test_mps_device_cannot_be_combined_with_a_non_shared_one(shared_host):
     with pytest.raises(NvshimError) as info:
-        _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "1,2"})
+        _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "1,6:1"})
     assert str(info.value) == (
         f"device 1 ({GPU1}) is MPS-shared and cannot be combined with other devices "
-        f"(2 ({GPU2})): an MPS client reaches only its own daemon's device"
+        f"(6:1 ({MIG_6_1})): an MPS client reaches only its own daemon's device"
     )
 
 
@@ -309,7 +296,7 @@ def test_no_compute_capability_means_no_mps_client(shared_host):
     selection = _select(
         shared_host,
         {
-            "NVIDIA_VISIBLE_DEVICES": "1,2",
+            "NVIDIA_VISIBLE_DEVICES": "1,6:1",
             "NVIDIA_DRIVER_CAPABILITIES": "utility",
             "CUDA_MPS_PIPE_DIRECTORY": "/run/nvidia-mps",
         },

@@ -399,7 +399,7 @@ def test_doctor_checks(sim_hosts, tmp_path):
     assert "pairing.worst-affinity" in fix
     root = tmp_path / "root"
     assert check_peermem(str(root))[0] == "skip"
-    (root / "sys/class/infiniband").mkdir(parents=True)
+    (root / "sys/class/infiniband/mlx5_0").mkdir(parents=True)
     (root / "proc").mkdir()
     (root / "proc/modules").write_text("mlx5_ib 466944 0 - Live 0x0\n")
     assert check_peermem(str(root))[:2] == (
@@ -448,3 +448,13 @@ def test_podman_with_the_paired_cdi_spec(sim_hosts, tmp_path, launchers):
     assert view["HCA"] == "=mlx5_1" and view["HCAS"] == "mlx5_1"
     assert view["NET"].split() == ["lo", "rdma0"]
     assert "ibp53s0" not in after and "ibp21s0" in after
+
+
+def test_nvshim_doctor_runs_the_pairing_checks(sim_hosts, tmp_path, launchers):
+    checks = ("--check", "gpudirect-rdma", "--check", "gpu-nic-affinity")
+    for name, affinity in (("hgx-h100x8-rdma", "ok"), ("rdma-cross-socket", "warn")):
+        config = write_pairing_config(tmp_path, sim_hosts(name), launchers)
+        proc = run_nvshim("doctor", "--json", *checks, env={"NVSHIM_CONFIG": config})
+        assert proc.returncode == 0, proc.stderr  # warnings do not fail the node
+        got = {c["name"]: c["status"] for c in json.loads(proc.stdout)["checks"]}
+        assert got == {"gpudirect-rdma": "warn", "gpu-nic-affinity": affinity}

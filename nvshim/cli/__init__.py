@@ -20,14 +20,20 @@ COMMANDS = {
     "unconfigure": ("nvshim.cli.configure:unconfigure", "Remove nvshim from a container engine."),
     "install": ("nvshim.cli.install:install", "Install the runtime and hook launchers."),
     "mps": ("nvshim.cli.mps:mps", "Run and inspect the per-GPU MPS control daemons."),
+    "doctor": ("nvshim.cli.doctor:doctor", "Check whether GPU pods can run on this node."),
+    "exporter": ("nvshim.cli.exporter:exporter", "Serve the node's Prometheus metrics."),
+    "system": ("nvshim.cli.system:system", "Host setup: create missing /dev/nvidia* nodes."),
+    # nvidia-ctk's spelling: `nvshim runtime configure` (not listed in --help)
+    "runtime": ("nvshim.cli.configure:runtime", "Same as configure / unconfigure."),
 }
+HIDDEN = ("runtime",)
 
 
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use (keeps --help fast)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(name for name in COMMANDS if name not in HIDDEN)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
@@ -50,8 +56,14 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nvshim")
-def cli() -> None:
+@click.option("-d", "--debug", is_flag=True, hidden=True, help="Tracebacks on internal errors.")
+@click.option("--quiet", is_flag=True, hidden=True, help="Print warnings and errors only.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """nvshim: give containers exactly the GPUs they were given, and nothing more."""
+    if debug:
+        os.environ["NVSHIM_DEBUG"] = "1"
+    ctx.meta["nvshim.quiet"] = quiet
 
 
 def main(argv: list[str] | None = None) -> None:

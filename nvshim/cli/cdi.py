@@ -23,8 +23,16 @@ def cdi() -> None:
     "--device-name-strategy",
     "strategies",
     multiple=True,
-    type=click.Choice(["index", "uuid"]),
-    help="How devices are named; repeat for several (default: index).",
+    type=click.Choice(["index", "uuid", "type-index"]),
+    help="How devices are named; repeat for several (default: index and uuid).",
+)
+@click.option("--no-all-device", is_flag=True, help="Leave out the `all` device.")
+@click.option(
+    "--mode",
+    type=click.Choice(["nvml", "management"]),
+    default="nvml",
+    help="management: one `all` device with every GPU node and the control node, and the"
+    " utility files only (for monitoring containers) [nvml].",
 )
 @click.option("--vendor", default=None, help="CDI vendor (default: nvidia.com).")
 @click.option("--class", "cls", default=None, help="CDI class (default: gpu).")
@@ -50,6 +58,8 @@ def generate(
     output,
     fmt,
     strategies,
+    no_all_device,
+    mode,
     vendor,
     cls,
     capabilities,
@@ -66,7 +76,13 @@ def generate(
     pipe directory, limits and /dev/shm (cdiVersion 0.6.0 for the dotted class; podman 4.3
     needs an undotted --class such as gpushared)."""
     from nvshim.cdi.names import validate_class, validate_vendor
-    from nvshim.cdi.writer import build_spec, dump_spec, format_for
+    from nvshim.cdi.writer import (
+        DEFAULT_NAME_STRATEGIES,
+        build_management_spec,
+        build_spec,
+        dump_spec,
+        format_for,
+    )
     from nvshim.policy.capabilities import parse_capabilities
 
     fmt = format_for(output, fmt)
@@ -85,11 +101,13 @@ def generate(
         click.echo(f"nvshim: warning: {warning}", err=True)
     host = discover(driver_root, dev_root)
     hook_path = hook_path or config.get("runtime", "hook-path")
-    naming = {"vendor": vendor, "cls": cls, "strategies": strategies or ("index",)}
+    naming = {"vendor": vendor, "cls": cls, "strategies": strategies or DEFAULT_NAME_STRATEGIES}
     if sharing:
         from nvshim.mps.cdi import shared_spec
 
         spec = shared_spec(host, config, caps, hook_path, **naming, daemon_check_hook=True)
+    elif mode == "management":
+        spec = build_management_spec(host, hook_path, vendor=vendor, cls=cls)
     else:
         extra, every = {}, None
         if pairing:
@@ -99,7 +117,13 @@ def generate(
             for note in notes:
                 click.echo(f"nvshim: warning: {note}", err=True)
         spec = build_spec(
-            host, caps, hook_path, **naming, extra_device_edits=extra, all_edits=every
+            host,
+            caps,
+            hook_path,
+            **naming,
+            extra_device_edits=extra,
+            all_edits=every,
+            all_device=not no_all_device,
         )
     text = dump_spec(spec, fmt)
     if not output:
@@ -107,9 +131,7 @@ def generate(
         return
     from nvshim.fsutil import atomic_write
 
-    parent = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(parent):
-        raise UsageError(f"{output}: directory {parent} does not exist")
+    _make_parents(output)
     atomic_write(output, text.encode(), mode=0o644, backup=False)
     click.echo(
         f"nvshim: wrote {output}: {len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']}",
@@ -117,9 +139,25 @@ def generate(
     )
 
 
+def _make_parents(output: str) -> None:
+    """Create the missing directories above ``output``, mode 0755 (as /var/run/cdi is)."""
+    parent = os.path.dirname(os.path.abspath(output))
+    missing = []
+    while not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o755)
+            os.chmod(directory, 0o755)  # mkdir honours the umask
+        except OSError as err:
+            raise UsageError(f"{output}: cannot create {directory}: {err.strerror}") from None
+
+
 @cdi.command("list")
 @click.option("--spec-dir", "spec_dirs", multiple=True, metavar="DIR", help="Repeatable.")
-def list_(spec_dirs) -> None:
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of {name, kind, device}.")
+def list_(spec_dirs, as_json: bool) -> None:
     """Print vendor/class=name of every device in the CDI spec directories."""
     from nvshim.cdi.registry import DEFAULT_SPEC_DIRS, list_devices
 
@@ -127,6 +165,17 @@ def list_(spec_dirs) -> None:
     names = list_devices(spec_dirs or DEFAULT_SPEC_DIRS, warnings)
     for warning in warnings:
         click.echo(f"nvshim: warning: {warning}", err=True)
+    if as_json:
+        import json
+
+        from nvshim.cdi.names import parse_qualified_name
+
+        rows = []
+        for name in names:
+            vendor, cls, device = parse_qualified_name(name)
+            rows.append({"name": name, "kind": f"{vendor}/{cls}", "device": device})
+        click.echo(json.dumps(rows, indent=2))
+        return
     for name in names:
         click.echo(name)
 

@@ -12,8 +12,18 @@ def config() -> None:
 
 @config.command()
 def show() -> None:
-    """Print the effective configuration (defaults overlaid with the file)."""
+    """Print the effective configuration (defaults overlaid with the file), then check the
+    sharing file it names (exit 1 naming the file and key when it is bad)."""
     from nvshim.cli.common import load_config_warn
     from nvshim.config import render_config
+    from nvshim.errors import NvshimError
+    from nvshim.mps.sharing import check_sharing
 
-    click.echo(render_config(load_config_warn()), nl=False)
+    config = load_config_warn()
+    click.echo(render_config(config), nl=False)
+    try:
+        warnings = check_sharing(config)
+    except NvshimError as err:
+        raise NvshimError(f"sharing config: {err}") from None
+    for warning in warnings:
+        click.echo(f"nvshim: warning: sharing config: {warning}", err=True)

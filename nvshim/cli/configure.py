@@ -8,7 +8,14 @@ from typing import Any
 import click
 
 from nvshim.engines import ENGINES
-from nvshim.engines.settings import RESTART_MODES
+from nvshim.engines.settings import CGROUP_DRIVERS, RESTART_MODES
+
+ALIASES = {  # nvidia-ctk option -> nvshim option
+    "alias_runtime_name": "runtime_name",
+    "alias_set_as_default": "set_as_default",
+    "alias_enable_cdi": "enable_cdi",
+    "alias_drop_in": "drop_in",
+}
 
 
 def _engine_options(func: Callable) -> Callable:
@@ -46,7 +53,40 @@ def _engine_options(func: Callable) -> Callable:
             " or systemd [none].",
         ),
         click.option("--socket", help="Engine socket for --restart signal."),
+        click.option(
+            "--config-source",
+            help="Where to read the default runtime's settings from: command (containerd"
+            " config dump), file, or both in order [file; env RUNTIME_CONFIG_SOURCES].",
+        ),
+        click.option(
+            "--runtime-config-override",
+            metavar="JSON",
+            help="JSON object merged into the runtime's options, e.g."
+            " '{\"SystemdCgroup\": true}' [env RUNTIME_CONFIG_OVERRIDE].",
+        ),
+        click.option(
+            "--take-over/--no-take-over",
+            default=None,
+            help="Re-point an existing entry of --runtime-name that runs"
+            " nvidia-container-runtime at nvshim (unconfigure gives it back).",
+        ),
+        click.option(
+            "--check",
+            is_flag=True,
+            help="Write nothing; exit 1 when a change is pending (drift), 0 when not.",
+        ),
         click.option("--containerd-version", hidden=True),
+        click.option("--cgroup-driver", type=click.Choice(CGROUP_DRIVERS), hidden=True),
+        # nvidia-ctk's spellings of the same options
+        click.option("--nvidia-runtime-name", "alias_runtime_name", hidden=True),
+        click.option(
+            "--nvidia-set-as-default/--no-nvidia-set-as-default",
+            "alias_set_as_default",
+            default=None,
+            hidden=True,
+        ),
+        click.option("--cdi.enabled", "alias_enable_cdi", is_flag=True, default=None, hidden=True),
+        click.option("--drop-in-config", "alias_drop_in", hidden=True),
     ]
     for option in reversed(options):
         func = option(func)
@@ -56,10 +96,21 @@ def _engine_options(func: Callable) -> Callable:
 def _run(action: Callable, engine: str | None, options: dict[str, Any]) -> None:
     from nvshim.engines.settings import resolve_settings
 
+    for alias, name in ALIASES.items():
+        value = options.pop(alias, None)
+        if value is not None and options.get(name) is None:
+            options[name] = value
+    check = options.pop("check", False)
+    if check:
+        options["dry_run"] = True
     settings = resolve_settings(engine, options)
     report = action(settings)
+    quiet = click.get_current_context().find_root().meta.get("nvshim.quiet", False)
     for line in report.lines:
-        click.echo(line)
+        if not quiet or line.startswith("warning:") or (check and report.pending):
+            click.echo(line)
+    if check and report.pending:
+        raise SystemExit(1)
 
 
 @click.command()
@@ -78,3 +129,12 @@ def unconfigure(engine: str | None, **options: Any) -> None:
     from nvshim.engines.apply import unconfigure as do_unconfigure
 
     _run(do_unconfigure, engine, options)
+
+
+@click.group(hidden=True)
+def runtime() -> None:
+    """nvidia-ctk's `runtime configure`: the same as `nvshim configure`."""
+
+
+runtime.add_command(configure, "configure")
+runtime.add_command(unconfigure, "unconfigure")

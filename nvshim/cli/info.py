@@ -24,22 +24,42 @@ def info(as_json: bool, topology: bool, driver_root: str, dev_root: str, config)
 
         show_topology(host, as_json)
         return
+    shared, error = _shared_devices(config, host)
     if as_json:
-        click.echo(json.dumps(host.to_dict(), indent=2))
-        return
-    click.echo(render_host(host, sharing=_sharing_modes(config, host)))
+        click.echo(json.dumps(host_json(host, shared), indent=2))
+    else:
+        click.echo(render_host(host, sharing={u: s.label for u, s in shared.items()}))
+    if error is not None:  # the host is still shown; the broken file fails the command
+        raise error
 
 
-def _sharing_modes(config, host: Host) -> dict[str, str]:
-    """Sharing mode per device UUID, from the sharing config (a broken one: a warning)."""
+def host_json(host: Host, shared: dict) -> dict:
+    """The host model as JSON, each GPU and MIG device with its ``sharing``: ``mode``
+    (``none``, ``mps`` or ``timeSlicing``) and ``replicas``."""
+
+    def sharing(uuid: str) -> dict:
+        share = shared.get(uuid)
+        return {"mode": share.mode, "replicas": share.replicas} if share else {"mode": "none"}
+
+    data = host.to_dict()
+    for gpu in data["gpus"]:
+        gpu["sharing"] = sharing(gpu["uuid"])
+        for mig in gpu["mig_devices"]:
+            mig["sharing"] = sharing(mig["uuid"])
+    return data
+
+
+def _shared_devices(config, host: Host):
+    """Shared devices by UUID from the sharing config, and its error (or None)."""
     from nvshim.errors import NvshimError
-    from nvshim.mps.sharing import sharing_modes
+    from nvshim.mps.sharing import check_sharing, sharing_for
 
     try:
-        return sharing_modes(config, host)
+        for warning in check_sharing(config):
+            click.echo(f"nvshim: warning: sharing config: {warning}", err=True)
+        return sharing_for(config, host), None
     except NvshimError as err:
-        click.echo(f"nvshim: warning: sharing config: {err}", err=True)
-        return {}
+        return {}, NvshimError(f"sharing config: {err}")
 
 
 def _gib(nbytes: int) -> str:

@@ -47,6 +47,7 @@ class Report:
 
     lines: list[str] = field(default_factory=list)
     changed: bool = False
+    pending: bool = False  # a dry run found something to change
 
 
 @record
@@ -120,6 +121,7 @@ def configure(s: Settings) -> Report:
 
 
 def _dry_run(report: Report, changes: list[_Change]) -> Report:
+    report.pending = True
     for change in changes:
         report.lines.append(unified_diff(change.path, change.old, change.new).rstrip("\n"))
     report.lines.append("dry run: nothing written")

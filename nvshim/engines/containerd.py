@@ -15,13 +15,21 @@ import re
 import subprocess
 
 from nvshim.engines import common
-from nvshim.engines.doc import MISSING, Document, Keys
+from nvshim.engines.doc import MISSING, Document, Keys, dotted
 from nvshim.engines.records import Edit, recorded_before
 from nvshim.engines.settings import Settings
 from nvshim.engines.tomldoc import TomlDoc
 from nvshim.errors import UsageError
+from nvshim.record import replace
 
 RUNC_V2 = "io.containerd.runc.v2"
+RUNC_TYPES = (RUNC_V2, "io.containerd.runc.v1")
+V1_LINUX = "io.containerd.runtime.v1.linux"
+# io.containerd.runtime.v1.linux options -> runc v2 options (Runtime, the runc binary, is
+# replaced by BinaryName = nvshim-runtime)
+V1_OPTIONS = {"RuntimeRoot": "Root", "CriuPath": "CriuPath", "SystemdCgroup": "SystemdCgroup"}
+LEGACY_DEFAULT = "default"  # containerd 1.x names its legacy default_runtime table so
+REFERENCE_BINARY = "nvidia-container-runtime"
 CDI_ANNOTATIONS = "cdi.k8s.io/*"
 CRI_PLUGIN: dict[int, Keys] = {
     1: ("plugins", "cri"),
@@ -100,7 +108,29 @@ def new_file_version(s: Settings) -> int:
     return 3 if version[0] >= 2 else 2
 
 
+def _rendered(template: str) -> Document:
+    """The ``config.toml`` k3s/RKE2 rendered beside ``config.toml.tmpl`` (what its base
+    template holds, the default runtime's options included)."""
+    path = template.removesuffix(".tmpl")
+    return TomlDoc(common.decode(path, common.read_bytes(path)), path)
+
+
+def template_version(s: Settings) -> int:
+    """The config version of a k3s/RKE2 ``config.toml.tmpl`` whose ``{{ template "base" . }}``
+    writes it: the version of the rendered ``config.toml`` beside it, else the one for the
+    installed containerd."""
+    rendered = _rendered(s.config)
+    return new_file_version(s) if rendered.is_empty() else config_version(rendered)
+
+
+BASE_TEMPLATE = '{{ template "base" . }}\n'
+
+
 def load(path: str, text: str) -> Document:
+    """The document of ``path``; a missing k3s/RKE2 ``config.toml.tmpl`` starts as the
+    base template, so it renders what k3s would plus nvshim's runtime."""
+    if path.endswith(".tmpl") and not text.strip():
+        text = BASE_TEMPLATE
     return TomlDoc(text, path)
 
 
@@ -109,38 +139,115 @@ def files(s: Settings) -> list[str]:
     return [s.config] + ([os.path.abspath(s.drop_in)] if s.drop_in else [])
 
 
-def _effective(docs: list[Document], cri: Keys) -> tuple[str, dict]:
-    """Default runtime name and runtime tables seen through ``docs`` (later ones win)."""
-    default = "runc"
-    runtimes: dict = {}
+def _merge(base: dict, over: dict, deep: bool) -> dict:
+    """``over`` (a later file) on ``base`` as containerd merges imports: key by key all
+    the way down from 2.1 (``deep``); before, each plugin table (and every other top-level
+    key) replaced whole."""
+    out = dict(base)
+    for key, value in over.items():
+        mine = out.get(key)
+        if isinstance(mine, dict) and isinstance(value, dict) and (deep or key == "plugins"):
+            out[key] = _merge(mine, value, deep) if deep else {**mine, **value}
+        else:
+            out[key] = value
+    return out
+
+
+def _plain_tree(doc: Document) -> dict:
+    found = doc.get(())
+    return found if isinstance(found, dict) else {}
+
+
+def _effective(docs: list[Document], cri: Keys, deep: bool = True) -> tuple[str, dict, dict]:
+    """Default runtime name, runtime tables and the merged CRI table seen through ``docs``
+    (later ones win). The legacy ``containerd.default_runtime`` table counts as the
+    runtime ``default``, as containerd 1.x reads it."""
+    merged: dict = {}
     for doc in docs:
-        name = doc.get(cri + ("containerd", "default_runtime_name"))
-        if isinstance(name, str) and name:
-            default = name
-        found = doc.get(cri + ("containerd", "runtimes"))
-        if isinstance(found, dict):
-            for key, table in found.items():
-                if isinstance(table, dict) and isinstance(runtimes.get(key), dict):
-                    runtimes[key] = {**runtimes[key], **table}
-                else:
-                    runtimes[key] = table
-    return default, runtimes
+        merged = _merge(merged, _plain_tree(doc), deep)
+    table: object = merged
+    for key in cri:
+        table = table.get(key) if isinstance(table, dict) else None
+    cri_table = table if isinstance(table, dict) else {}
+    section = cri_table.get("containerd")
+    section = section if isinstance(section, dict) else {}
+    runtimes = section.get("runtimes")
+    runtimes = dict(runtimes) if isinstance(runtimes, dict) else {}
+    default = section.get("default_runtime_name")
+    legacy = section.get("default_runtime")
+    if isinstance(legacy, dict) and legacy.get("runtime_type"):
+        runtimes.setdefault(LEGACY_DEFAULT, legacy)
+        if not default:
+            default = LEGACY_DEFAULT
+    return (default if isinstance(default, str) and default else "runc"), runtimes, merged
 
 
-def runtime_table(s: Settings, docs: list[Document], cri: Keys, history: list[dict]) -> dict:
-    """The nvshim runtime entry: the default (or ``runc``) runc entry, retargeted. When
-    nvshim is the default already, the default before it (from ``history``) is copied."""
-    default, runtimes = _effective(docs, cri)
-    if default == s.runtime_name:
+def _options(table: dict, merged: dict, cri: Keys, warnings: list[str]) -> dict:
+    """The runc v2 options equivalent to ``table``'s: as they are for runc types (and any
+    other type, with a warning), translated from ``io.containerd.runtime.v1.linux``'s the
+    way containerd reads them (its legacy CRI and ``linux`` plugin settings when the
+    runtime has no options)."""
+    kind = table.get("runtime_type") or RUNC_V2
+    options = table.get("options")
+    options = dict(options) if isinstance(options, dict) else {}
+    if kind in RUNC_TYPES:
+        return options
+    if kind != V1_LINUX:
+        warnings.append(
+            f"the default runtime's type is {kind}: its options are copied into a"
+            f" {RUNC_V2} entry; check them (--runtime-config-override)"
+        )
+        return options
+    out = {new: options[old] for old, new in V1_OPTIONS.items() if old in options}
+    if not options:
+        cri_table = _at(merged, cri)
+        linux = _at(merged, ("plugins", "linux")) or _at(
+            merged, ("plugins", "io.containerd.runtime.v1.linux")
+        )
+        if cri_table.get("systemd_cgroup") is True:
+            out["SystemdCgroup"] = True
+        if isinstance(linux.get("runtime_root"), str) and linux["runtime_root"]:
+            out["Root"] = linux["runtime_root"]
+    section = _at(merged, cri + ("containerd",))
+    if section.get("no_pivot") is True:
+        out.setdefault("NoPivotRoot", True)
+    return out
+
+
+def _at(tree: dict, keys: Keys) -> dict:
+    for key in keys:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree if isinstance(tree, dict) else {}
+
+
+def runtime_table(
+    s: Settings,
+    docs: list[Document],
+    cri: Keys,
+    history: list[dict],
+    warnings: list[str] | None = None,
+    deep: bool = True,
+) -> dict:
+    """The nvshim runtime entry: the default (or ``runc``) entry, retargeted. When nvshim
+    is the default already, the default before it (from ``history``) is copied; with
+    ``take_over``, the reference's entry of that name is the one copied."""
+    warnings = [] if warnings is None else warnings
+    default, runtimes, merged = _effective(docs, cri, deep)
+    if default == s.runtime_name and not s.take_over:
         default = recorded_before(history, cri + ("containerd", "default_runtime_name"))
     source: dict = {}
-    for candidate in (default, "runc"):
+    taken = _taken_over(history, cri + ("containerd", "runtimes", s.runtime_name))
+    if s.take_over and taken is not None:  # configured before: the reference's entry
+        runtimes = {**runtimes, s.runtime_name: taken}
+    candidates = ((s.runtime_name,) if s.take_over else ()) + (default, "runc")
+    for candidate in candidates:
         table = runtimes.get(candidate) if candidate else None
-        if candidate == s.runtime_name or not isinstance(table, dict):
+        if not isinstance(table, dict):
             continue
-        if table.get("runtime_type", RUNC_V2) in (RUNC_V2, ""):
-            source = table
-            break
+        if candidate == s.runtime_name and not (s.take_over and _is_reference(table)):
+            continue
+        source = table
+        break
     entry: dict = {"runtime_type": RUNC_V2}
     for key, value in source.items():
         if key not in ("runtime_type", "options"):
@@ -151,24 +258,65 @@ def runtime_table(s: Settings, docs: list[Document], cri: Keys, history: list[di
         if CDI_ANNOTATIONS not in annotations:
             annotations.append(CDI_ANNOTATIONS)
         entry["container_annotations"] = annotations
-    copied = source.get("options")
-    copied = copied if isinstance(copied, dict) else {}
+    copied = _options(source, merged, cri, warnings) if source else {}
+    if not source and s.cgroup_driver_or_host() == "systemd":
+        copied["SystemdCgroup"] = True
     entry["options"] = {"BinaryName": s.runtime_path}
-    entry["options"].update((k, v) for k, v in copied.items() if k != "BinaryName")
+    for options in (copied, s.override):  # BinaryName stays nvshim's
+        entry["options"].update((k, v) for k, v in options.items() if k != "BinaryName")
     return entry
+
+
+def _refuse_reference(s: Settings, doc: Document) -> None:
+    """A reference entry of ``--runtime-name`` is taken over only when asked."""
+    if not isinstance(doc, TomlDoc) or doc.is_empty():
+        return
+    keys = CRI_PLUGIN[config_version(doc)] + ("containerd", "runtimes", s.runtime_name)
+    entry = doc.get(keys)
+    if _is_reference(entry):
+        raise UsageError(
+            f"{doc.path}: {dotted(keys)} runs the NVIDIA Container Toolkit's"
+            f" {entry['options']['BinaryName']}: add --take-over to point it at nvshim-runtime"
+            " (keeping its options; unconfigure gives it back), or choose another"
+            " --runtime-name"
+        )
+
+
+def _taken_over(history: list[dict], keys: Keys) -> dict | None:
+    """The reference entry an earlier ``--take-over`` replaced (from the records)."""
+    for rec in history:
+        if rec["kind"] == "owned" and tuple(rec["keys"]) == keys:
+            before = rec.get("before")
+            return before if _is_reference(before) else None
+    return None
+
+
+def _is_reference(table: object) -> bool:
+    """An entry the NVIDIA Container Toolkit wrote: its binary is nvidia-container-runtime."""
+    if not isinstance(table, dict) or not isinstance(table.get("options"), dict):
+        return False
+    binary = table["options"].get("BinaryName")
+    return isinstance(binary, str) and os.path.basename(binary).startswith(REFERENCE_BINARY)
 
 
 def _is_ours(s: Settings):
     def claim(table: object) -> bool:
         if not isinstance(table, dict) or not isinstance(table.get("options"), dict):
             return False
+        if s.take_over and _is_reference(table):
+            return True
         return common.points_at_nvshim(s.runtime_path, table["options"].get("BinaryName"))
 
     return claim
 
 
 def runtime_edits(
-    s: Settings, sources: list[Document], version: int, history: list[dict]
+    s: Settings,
+    sources: list[Document],
+    version: int,
+    history: list[dict],
+    warnings: list[str] | None = None,
+    deep: bool = True,
 ) -> list[Edit]:
     """What the runtime needs (config ``version``), copying from ``sources``."""
     cri = CRI_PLUGIN[version]
@@ -186,13 +334,92 @@ def runtime_edits(
     edits.append(
         Edit(
             cri + ("containerd", "runtimes", s.runtime_name),
-            runtime_table(s, sources, cri, history),
+            runtime_table(s, sources, cri, history, warnings, deep),
             kind="owned",
             what=f"runtime {s.runtime_name!r} -> {s.runtime_path}",
             claim=_is_ours(s),
         )
     )
     return edits
+
+
+def source_docs(s: Settings, main: Document, edited: list[Document]) -> list[Document]:
+    """Where the default runtime is read from: ``containerd config dump`` when
+    ``--config-source`` lists ``command`` first and it works, else the files (the main
+    file, the files it imports, then the file being edited)."""
+    for source in (x.strip() for x in s.config_source.split(",")):
+        if source == "command":
+            dumped = _config_dump(s.config)
+            if dumped is not None:
+                return [dumped, *edited[1:]]
+        elif source == "file":
+            base = [_rendered(s.config)] if getattr(main, "template", False) else []
+            imported = imported_docs(s.config, main, skip=edited)
+            return [*base, main, *imported, *edited[1:]]
+    return edited
+
+
+def _config_dump(config: str) -> Document | None:
+    """The effective config from ``containerd --config CONFIG config dump``; None when
+    containerd is missing or fails."""
+    try:
+        out = subprocess.run(
+            ["containerd", "--config", config, "config", "dump"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    try:
+        return TomlDoc(out.stdout, f"containerd config dump ({config})")
+    except UsageError:
+        return None
+
+
+def check_shadowing(s: Settings, main: Document, version: int, deep: bool) -> None:
+    """Refuse to edit ``main``'s CRI table when, before containerd 2.1, a file it imports
+    holds the CRI plugin table: that one replaces the main file's whole (the reference's
+    ``--drop-in-config`` writes such a copy), so the edit would never take effect."""
+    if deep:
+        return
+    plugin = CRI_PLUGIN[version]
+    for doc in imported_docs(s.config, main, skip=[]):
+        if doc.get(plugin) is not MISSING:
+            raise UsageError(
+                f"{doc.path} (imported by {s.config}) holds the {dotted(plugin)} table, which"
+                " replaces the main file's whole before containerd 2.1: configure that file"
+                f" instead (--config {doc.path})"
+            )
+
+
+def imported_docs(config: str, main: Document, skip: list[Document]) -> list[Document]:
+    """The files ``main``'s ``imports`` name, in containerd's order (each glob sorted,
+    relative to the main file's directory, imports of imports followed once)."""
+    seen = {os.path.abspath(config)} | {os.path.abspath(d.path) for d in skip}
+    out: list[Document] = []
+
+    def follow(doc: Document, base: str) -> None:
+        patterns = doc.get(("imports",))
+        if not isinstance(patterns, list):
+            return
+        for pattern in patterns:
+            if not isinstance(pattern, str) or not pattern:
+                continue
+            full = os.path.normpath(os.path.join(base, pattern))
+            for path in sorted(glob.glob(full)) if glob.has_magic(full) else [full]:
+                if path in seen or not os.path.isfile(path):
+                    continue
+                seen.add(path)
+                sub = TomlDoc(common.decode(path, common.read_bytes(path)), path)
+                out.append(sub)
+                follow(sub, os.path.dirname(path))
+
+    follow(main, os.path.dirname(os.path.abspath(config)))
+    return out
 
 
 def _covered_by_imports(main: Document, main_path: str, drop_in: str) -> bool:
@@ -224,7 +451,15 @@ def plan(
     warnings: list[str] = []
     main = docs[s.config]
     edits: dict[str, list] = {s.config: []}
-    if main.is_empty():
+    if getattr(main, "template", False) and main.get(("version",)) is MISSING:
+        main_version = template_version(s)  # the base template writes the version
+        if s.enable_cdi:  # the base template writes the CRI table: a second header breaks it
+            s = replace(s, enable_cdi=False)
+            warnings.append(
+                f"{s.config}: enable_cdi not set in a template (the base template writes"
+                " the CRI table); k3s and RKE2 set it themselves from their CDI option"
+            )
+    elif main.is_empty():
         main_version = new_file_version(s)
         edits[s.config].append(Edit(("version",), main_version, kind="init"))
     else:
@@ -233,15 +468,24 @@ def plan(
     if s.enable_cdi and installed is not None and installed < FIRST_CDI:
         warnings.append(
             f"containerd {_show(installed)} has no CDI support: enable_cdi takes effect"
-            " from containerd 1.7"
+            " from containerd 1.7; here --enable-cdi still passes the cdi.k8s.io/*"
+            " annotations through to nvshim-runtime, which injects those devices"
         )
     if isinstance(main, TomlDoc) and main.text.startswith("# File generated by k3s"):
         warnings.append(
             f"{s.config} is generated by k3s and rewritten when k3s restarts;"
             " put these settings in config.toml.tmpl beside it"
         )
+    deep = installed is not None and installed >= DEEP_MERGE_IMPORTS
+    deep = deep or getattr(main, "template", False)  # base and template render as one file
+    if not s.take_over:
+        _refuse_reference(s, docs[os.path.abspath(s.drop_in)] if s.drop_in else main)
     if not s.drop_in:
-        edits[s.config] += runtime_edits(s, [main], main_version, history.get(s.config, []))
+        check_shadowing(s, main, main_version, deep)
+        sources = source_docs(s, main, [main])
+        edits[s.config] += runtime_edits(
+            s, sources, main_version, history.get(s.config, []), warnings, deep
+        )
         return edits, warnings
 
     drop_in = os.path.abspath(s.drop_in)
@@ -264,7 +508,10 @@ def plan(
             f"{drop_in}: config version {sub_version} differs from {s.config}"
             f" (version {main_version}); they must match"
         )
-    edits[drop_in] += runtime_edits(s, [main, sub], sub_version, history.get(drop_in, []))
+    sources = source_docs(s, main, [main, sub])
+    edits[drop_in] += runtime_edits(
+        s, sources, sub_version, history.get(drop_in, []), warnings, deep
+    )
     if not _covered_by_imports(main, s.config, drop_in):
         edits[s.config].append(Edit(("imports",), drop_in, kind="item", what=f"imported {drop_in}"))
     return edits, warnings

@@ -1,8 +1,9 @@
 """CRI-O: ``crio.runtime.runtimes.<name>`` in a drop-in of its own (by default).
 
-The monitor settings (``monitor_path``, ``monitor_cgroup`` ...) are copied from the runtime
-CRI-O uses by default, read from ``crio.conf`` and the other drop-ins the way CRI-O reads
-them (main file, then the drop-in directory in name order).
+Every key of the runtime CRI-O uses by default (``runtime_root``, ``monitor_*``,
+``allowed_annotations`` ...) is copied, read from ``crio.conf`` and the other drop-ins the
+way CRI-O reads them (main file, then the drop-in directory in name order); only
+``runtime_path`` and ``runtime_type`` are nvshim's.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from nvshim.engines.doc import Document
 from nvshim.engines.records import Edit, recorded_before
 from nvshim.engines.settings import Settings
 from nvshim.engines.tomldoc import TomlDoc
+from nvshim.errors import NvshimError
 
 RUNTIME = ("crio", "runtime")
-COPIED = ("monitor_path", "monitor_cgroup", "monitor_env", "monitor_exec_cgroup")
 BUILTIN_DEFAULTS = ("crun", "runc")
 
 
@@ -47,12 +48,42 @@ def source_files(config: str) -> list[str]:
     return [p for p in found if os.path.isfile(p) and (p != config or p == main)]
 
 
-def _effective(paths: list[str]) -> tuple[str | None, dict]:
-    """CRI-O's default runtime name and runtime tables over ``paths``."""
+def _status_config() -> TomlDoc | None:
+    """The running CRI-O's effective config (``crio status config``); None when it fails."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["crio", "status", "config"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    try:
+        return TomlDoc(out.stdout, "crio status config")
+    except NvshimError:
+        return None
+
+
+def source_docs(s: Settings) -> list[Document]:
+    """Where the default runtime is read from, in ``--config-source`` order: ``crio status
+    config`` when it works, else the files CRI-O reads."""
+    for source in (x.strip() for x in s.config_source.split(",")):
+        if source == "command":
+            found = _status_config()
+            if found is not None:
+                return [found]
+        elif source == "file":
+            break
+    return [TomlDoc(decode(p, read_bytes(p)), p) for p in source_files(s.config)]
+
+
+def _effective(docs: list[Document]) -> tuple[str | None, dict]:
+    """CRI-O's default runtime name and runtime tables over ``docs``."""
     default = None
     runtimes: dict = {}
-    for path in paths:
-        doc = TomlDoc(decode(path, read_bytes(path)), path)
+    for doc in docs:
         name = doc.get(RUNTIME + ("default_runtime",))
         if isinstance(name, str) and name:
             default = name
@@ -65,18 +96,19 @@ def _effective(paths: list[str]) -> tuple[str | None, dict]:
 
 
 def runtime_table(s: Settings, history: list[dict]) -> dict:
-    """The nvshim handler, with the monitor settings of CRI-O's default runtime (the one
-    before nvshim's when nvshim made itself the default)."""
-    default, runtimes = _effective(source_files(s.config))
+    """The nvshim handler: every key of CRI-O's default runtime (the one before nvshim's
+    when nvshim made itself the default), nvshim's binary, type ``oci``."""
+    default, runtimes = _effective(source_docs(s))
     if default == s.runtime_name:
         default = recorded_before(history, RUNTIME + ("default_runtime",))
     entry: dict = {"runtime_path": s.runtime_path, "runtime_type": "oci"}
     for candidate in (default, *BUILTIN_DEFAULTS):
         if candidate and candidate != s.runtime_name and candidate in runtimes:
-            for key in COPIED:
-                if key in runtimes[candidate]:
-                    entry[key] = runtimes[candidate][key]
+            for key, value in runtimes[candidate].items():
+                if key not in entry:
+                    entry[key] = value
             break
+    entry.update(s.override)
     return entry
 
 

@@ -34,34 +34,62 @@ RESTART_MODES = ("none", "signal", "systemd")
 ENV: dict[str, dict[str, tuple[str, ...]]] = {
     "engine": {"*": ("NVSHIM_ENGINE",)},
     "config": {
-        "containerd": ("NVSHIM_CONTAINERD_CONFIG", "CONTAINERD_CONFIG"),
-        "docker": ("NVSHIM_DOCKER_CONFIG", "DOCKER_CONFIG"),
-        "crio": ("NVSHIM_CRIO_CONFIG", "CRIO_CONFIG"),
+        "containerd": ("NVSHIM_CONTAINERD_CONFIG", "RUNTIME_CONFIG", "CONTAINERD_CONFIG"),
+        "docker": ("NVSHIM_DOCKER_CONFIG", "RUNTIME_CONFIG", "DOCKER_CONFIG"),
+        "crio": ("NVSHIM_CRIO_CONFIG", "RUNTIME_CONFIG", "CRIO_CONFIG"),
     },
     "socket": {
-        "containerd": ("NVSHIM_CONTAINERD_SOCKET", "CONTAINERD_SOCKET"),
-        "docker": ("NVSHIM_DOCKER_SOCKET",),
-        "crio": ("NVSHIM_CRIO_SOCKET", "CRIO_SOCKET"),
+        "containerd": ("NVSHIM_CONTAINERD_SOCKET", "RUNTIME_SOCKET", "CONTAINERD_SOCKET"),
+        "docker": ("NVSHIM_DOCKER_SOCKET", "RUNTIME_SOCKET", "DOCKER_SOCKET"),
+        "crio": ("NVSHIM_CRIO_SOCKET", "RUNTIME_SOCKET", "CRIO_SOCKET"),
     },
     "runtime_name": {
-        "containerd": ("NVSHIM_RUNTIME_NAME", "CONTAINERD_RUNTIME_CLASS"),
-        "*": ("NVSHIM_RUNTIME_NAME",),
+        "containerd": ("NVSHIM_RUNTIME_NAME", "NVIDIA_RUNTIME_NAME", "CONTAINERD_RUNTIME_CLASS"),
+        "docker": ("NVSHIM_RUNTIME_NAME", "NVIDIA_RUNTIME_NAME", "DOCKER_RUNTIME_NAME"),
+        "*": ("NVSHIM_RUNTIME_NAME", "NVIDIA_RUNTIME_NAME"),
     },
     "set_as_default": {
-        "containerd": ("NVSHIM_SET_AS_DEFAULT", "CONTAINERD_SET_AS_DEFAULT"),
-        "*": ("NVSHIM_SET_AS_DEFAULT",),
+        "containerd": (
+            "NVSHIM_SET_AS_DEFAULT",
+            "NVIDIA_RUNTIME_SET_AS_DEFAULT",
+            "CONTAINERD_SET_AS_DEFAULT",
+        ),
+        "docker": (
+            "NVSHIM_SET_AS_DEFAULT",
+            "NVIDIA_RUNTIME_SET_AS_DEFAULT",
+            "DOCKER_SET_AS_DEFAULT",
+        ),
+        "*": ("NVSHIM_SET_AS_DEFAULT", "NVIDIA_RUNTIME_SET_AS_DEFAULT"),
     },
     "runtime_path": {"*": ("NVSHIM_RUNTIME_PATH",)},
-    "enable_cdi": {"*": ("NVSHIM_ENABLE_CDI",)},
+    "enable_cdi": {"*": ("NVSHIM_ENABLE_CDI", "RUNTIME_ENABLE_CDI")},
     "drop_in": {"containerd": ("NVSHIM_CONTAINERD_DROP_IN",)},
     "restart": {"*": ("NVSHIM_RESTART",)},
     "containerd_version": {"*": ("NVSHIM_CONTAINERD_VERSION",)},
+    # the GPU Operator's toolkit installer names (FACTS: its environment)
+    "config_source": {
+        "*": ("NVSHIM_CONFIG_SOURCE", "RUNTIME_CONFIG_SOURCES", "RUNTIME_CONFIG_SOURCE")
+    },
+    "runtime_config_override": {
+        "containerd": (
+            "NVSHIM_RUNTIME_CONFIG_OVERRIDE",
+            "RUNTIME_CONFIG_OVERRIDE",
+            "CONTAINERD_RUNTIME_CONFIG_OVERRIDE",
+        ),
+        "*": ("NVSHIM_RUNTIME_CONFIG_OVERRIDE", "RUNTIME_CONFIG_OVERRIDE"),
+    },
+    "take_over": {"*": ("NVSHIM_TAKE_OVER",)},
+    "cgroup_driver": {"*": ("NVSHIM_CGROUP_DRIVER",)},
 }
+CONFIG_SOURCES = ("command", "file")
+CGROUP_DRIVERS = ("systemd", "cgroupfs")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 _ENGINE_OWN_RUNTIMES = ("runc", "crun")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
+# Go's ParseBool (the GPU Operator's installer) and the usual words
+_TRUE = ("1", "t", "true", "yes", "on")
+_FALSE = ("0", "f", "false", "no", "off", "")
+_BOOLEANS = ("set_as_default", "enable_cdi", "take_over")
 
 
 @record(frozen=True)
@@ -79,11 +107,32 @@ class Settings:
     restart: str = "none"
     socket: str = ""
     containerd_version: str | None = None
+    config_source: str = "file"  # "command,file": read the engine's effective config first
+    runtime_config_override: str | None = None  # JSON object merged into the options
+    take_over: bool = False  # re-point a reference `nvidia` entry at nvshim-runtime
+    cgroup_driver: str | None = None  # systemd/cgroupfs; None: detected from the host
+
+    def cgroup_driver_or_host(self) -> str:
+        """``cgroup_driver``, else the host's (for a runtime with nothing to copy)."""
+        return self.cgroup_driver or host_cgroup_driver()
+
+    @property
+    def override(self) -> dict:
+        """``runtime_config_override`` parsed (checked by ``resolve_settings``)."""
+        import json
+
+        return json.loads(self.runtime_config_override) if self.runtime_config_override else {}
 
     @property
     def unit(self) -> str:
         """The systemd unit of the engine."""
         return SYSTEMD_UNIT[self.engine]
+
+
+def host_cgroup_driver(root: str = "/") -> str:
+    """``systemd`` when systemd runs the host (kubelet and the engines then use its cgroup
+    driver), else ``cgroupfs``."""
+    return "systemd" if os.path.isdir(os.path.join(root, "run/systemd/system")) else "cgroupfs"
 
 
 def _from_env(setting: str, engine: str, env: Mapping[str, str]) -> tuple[str, str] | None:
@@ -131,7 +180,7 @@ def resolve_settings(
             continue
         name, raw = found
         sources[setting] = name
-        values[setting] = _bool(name, raw) if setting in ("set_as_default", "enable_cdi") else raw
+        values[setting] = _bool(name, raw) if setting in _BOOLEANS else raw
     values.setdefault("config", DEFAULT_CONFIG[engine])
     values.setdefault("socket", DEFAULT_SOCKET[engine])
     for flag in ("dry_run",):
@@ -174,3 +223,25 @@ def _validate(s: Settings, sources: Mapping[str, str]) -> None:
         )
     if s.restart == "signal" and not s.socket:
         raise UsageError(f"{src('socket')}: empty path")
+    sources_given = [x.strip() for x in s.config_source.split(",")]
+    if not all(x in CONFIG_SOURCES for x in sources_given):
+        raise UsageError(
+            f"{src('config_source')} {s.config_source!r}: expected a list of command and file"
+        )
+    if s.cgroup_driver is not None and s.cgroup_driver not in CGROUP_DRIVERS:
+        raise UsageError(
+            f"{src('cgroup_driver')} {s.cgroup_driver!r}: expected systemd or cgroupfs"
+        )
+    if s.runtime_config_override:
+        _check_override(src("runtime_config_override"), s.runtime_config_override)
+
+
+def _check_override(source: str, text: str) -> None:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise UsageError(f"{source}: not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{source}: must be a JSON object, got {type(value).__name__}")

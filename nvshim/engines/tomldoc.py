@@ -142,6 +142,42 @@ class _Style:
         return header + self.char * self.nest_step
 
 
+TEMPLATE_SUFFIX = ".tmpl"
+TEMPLATE_MARK = "#nvshim-template-line:"
+
+
+def _is_action(line: str) -> bool:
+    stripped = line.strip()
+    return stripped.startswith("{{") and stripped.endswith("}}")
+
+
+def _split_template_head(text: str) -> tuple[str, str]:
+    """The leading template action lines (and blank lines among them), and the rest."""
+    lines = text.split("\n")
+    n = 0
+    while n < len(lines) - 1 and (_is_action(lines[n]) or not lines[n].strip()):
+        n += 1
+    if not any(_is_action(line) for line in lines[:n]):
+        return "", text
+    return "\n".join(lines[:n]) + "\n", "\n".join(lines[n:])
+
+
+def _hide_template_lines(text: str) -> str:
+    """Whole-line Go template actions (``{{ template "base" . }}``) as TOML comments."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if _is_action(line):
+            lines[i] = TEMPLATE_MARK + line
+    return "\n".join(lines)
+
+
+def _show_template_lines(text: str) -> str:
+    return "\n".join(
+        line.removeprefix(TEMPLATE_MARK) if line.startswith(TEMPLATE_MARK) else line
+        for line in text.split("\n")
+    )
+
+
 class TomlDoc(Document):
     """A TOML file held as a tomlkit document."""
 
@@ -151,6 +187,11 @@ class TomlDoc(Document):
         self.crlf = "\r\n" in text
         if self.crlf:
             text = text.replace("\r\n", "\n")
+        self.template = path.endswith(TEMPLATE_SUFFIX)
+        self.head = ""
+        if self.template:  # k3s/RKE2 config.toml.tmpl: leading Go template lines kept aside,
+            self.head, text = _split_template_head(text)  # later ones held as comments
+            text = _hide_template_lines(text)
         self.original = text
         self.text = text
         self.doc = self._parse(text)
@@ -194,7 +235,15 @@ class TomlDoc(Document):
 
     def render(self) -> bytes:
         text = self.doc.as_string()
+        if self.template:
+            text = self.head + _show_template_lines(text)
         return (text.replace("\n", "\r\n") if self.crlf else text).encode()
+
+    def is_empty(self) -> bool:
+        """A template holding only Go template lines is not empty: it renders a config."""
+        if self.template and (self.head or TEMPLATE_MARK in self.original):
+            return False
+        return super().is_empty()
 
     # -- writing ---------------------------------------------------------------------------
 

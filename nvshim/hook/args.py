@@ -55,6 +55,7 @@ STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] =
     ),
 }
 CONFIG_HELP = "nvshim config.toml (default: $NVSHIM_CONFIG or /etc/nvshim/config.toml)"
+LOG_FORMATS = ("text", "json")
 
 
 class HookArgs:
@@ -63,6 +64,7 @@ class HookArgs:
     def __init__(self, command: str, config: str | None = None) -> None:
         self.command = command
         self.config = config
+        self.log_format: str | None = None
         self.link: list[str] = []
         self.folder: list[str] = []
         self.ldconfig: str | None = None
@@ -89,18 +91,24 @@ def _usage_error(message: str) -> NvshimError:
 
 def parse_args(argv: list[str]) -> HookArgs:
     """Parse a full command line (without the program name)."""
-    config = None
+    config = log_format = None
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
-        name, value, i = _option(argv, i, "--config")
+        name, value, i = _option(argv, i, "--config", "--log-format")
         if name in ("-h", "--help"):
             raise HelpRequested(help_text())
-        config = value
+        if name == "--log-format":
+            if value not in LOG_FORMATS:
+                raise _usage_error(f"--log-format {value!r}: expected text or json")
+            log_format = value
+        else:
+            config = value
     if i >= len(argv):
         raise _usage_error("a step is required: " + ", ".join(STEPS))
     args = parse_step(argv[i:])
     if args.config is None:
         args.config = config
+    args.log_format = log_format
     return args
 
 
@@ -184,12 +192,14 @@ def help_text(step: str | None = None) -> str:
         lines += [f"  {name + ' ' + meta:<17} {text}" for name, (_, meta, text) in options.items()]
         return "\n".join(lines) + "\n"
     lines = [
-        f"usage: {TOOL} [--config FILE] STEP [OPTIONS]",
+        f"usage: {TOOL} [--config FILE] [--log-format text|json] STEP [OPTIONS]",
         "",
         "OCI hook for GPU containers; reads the OCI state JSON on stdin.",
         "",
         "steps:",
     ]
     lines += [f"  {name:<34} {summary}" for name, (summary, _, _) in STEPS.items()]
-    lines += ["", "options:", f"  --config FILE    {CONFIG_HELP}", "  -h, --help       this help"]
+    lines += ["", "options:", f"  --config FILE    {CONFIG_HELP}"]
+    lines += ["  --log-format F   text or json: the decision log's format (default: config)"]
+    lines += ["  -h, --help       this help"]
     return "\n".join(lines) + "\n"

@@ -232,19 +232,22 @@ def main(argv: list[str] | None = None) -> int:
     except NvshimError as err:
         print(f"{TOOL}: error: {err}", file=sys.stderr)
         return 1
-    log_file = config.get("runtime", "log-file")
+    if args.log_format:
+        config.values["runtime"]["log-format"] = args.log_format
     env_names = ",".join(sorted(os.environ)) or "-"
     container_id = "-"
+    pod = None
     ctx = Context(config)
     try:
         from nvshim.hook.state import read_state
 
         state = read_state(sys.stdin.buffer)
-        container_id = state.id
+        container_id, pod = state.id, state.annotations
         fields = _run(args, state, ctx)
     except Exception as err:  # noqa: BLE001 - every failure is one logged line, no traceback
         message = str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
-        log_decision(log_file, TOOL, container_id, error=message, step=args.command)
+        error = err if isinstance(err, NvshimError) else message
+        log_decision(config, TOOL, container_id, error=error, annotations=pod, step=args.command)
         return err.exit_code if isinstance(err, NvshimError) else 1
     finally:
         if ctx.ldconfig_fd is not None:
@@ -252,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     risky = ",".join(sorted(k for k in os.environ if k.startswith(RISKY_ENV))) or None
     if fields is not None or risky:
         log_decision(
-            log_file,
+            config,
             TOOL,
             container_id,
+            annotations=pod,
             step=args.command,
             **(fields or {}),
             hook_env=env_names,

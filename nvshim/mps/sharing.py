@@ -1,19 +1,34 @@
 """The sharing config (``[sharing] config``, default ``/etc/nvshim/sharing.yaml``).
 
-Same format as the NVIDIA device plugin's ``sharing`` section, so operators can reuse it::
+The NVIDIA device plugin's config file, read as the device plugin reads it, so nvshim and the
+scheduler always agree on which devices are shared and how::
 
-    version: v1
+    version: v1                  # default v1
+    flags:
+      migStrategy: mixed         # none (default) | single | mixed
     sharing:
       mps:                       # or timeSlicing (not both)
-        failRequestsGreaterThanOne: true
+        renameByDefault: false
+        failRequestsGreaterThanOne: true   # default: true for mps, false for timeSlicing
         resources:
-        - name: nvidia.com/gpu   # or nvidia.com/mig-<profile>
-          replicas: 4
-          devices: all           # or a count, or a list of indexes/UUIDs/<gpu>:<mig>
+        - name: nvidia.com/gpu   # or nvidia.com/mig-<profile> (migStrategy mixed)
+          rename: nvidia.com/gpu.shared
+          replicas: 4            # at least 2
 
-``load_sharing_config`` checks the file's shape; ``resolve_sharing`` checks it against a host
-(devices exist, replica limits, MPS on MIG only per MIG device). Every problem is one
-NvshimError line naming the file and the key.
+``flags.migStrategy`` decides which devices a resource name covers: ``none`` every GPU as a
+whole ``nvidia.com/gpu`` (MIG devices not exposed); ``single`` every MIG device as
+``nvidia.com/gpu`` (all GPUs MIG-enabled with one profile, else as ``none``); ``mixed`` GPUs
+not in MIG mode as ``nvidia.com/gpu`` and MIG devices as ``nvidia.com/mig-<profile>``. Every
+device of a shared resource is shared: ``devices`` lists are ignored with a warning, as the
+device plugin does. MPS on MIG devices is refused. Unknown keys are warned about.
+
+Per-node selection: the file may hold several named configs (the device plugin ConfigMap's
+``data``, or the whole ConfigMap manifest); ``[sharing] config-name`` (or the env
+``NVSHIM_SHARING_CONFIG_NAME``) picks one, else ``[sharing] config-default``, else the only
+one. ``[sharing] mig-strategy`` stands for the device plugin's ``--mig-strategy`` (it wins
+over the file's). ``check_sharing`` validates everything (for ``nvshim info``, ``config
+show`` and the node installer); every problem is one NvshimError line naming the file and
+the key.
 """
 
 from __future__ import annotations
@@ -30,28 +45,36 @@ if TYPE_CHECKING:
 
 MODES = ("mps", "timeSlicing")
 MODE_LABELS = {"mps": "mps", "timeSlicing": "time-slicing"}
+MIG_STRATEGIES = ("none", "single", "mixed")
 MIB = 1024 * 1024
 MAX_FILE_BYTES = 1024 * 1024
 MPS_CLIENTS_PRE_VOLTA = 16
 MPS_CLIENTS_VOLTA = 48
+MIN_REPLICAS = 2
 MAX_TIME_SLICING_REPLICAS = 1024
+RESOURCE_PREFIX = "nvidia.com/"
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+NAME_ENV = "NVSHIM_SHARING_CONFIG_NAME"
+STRATEGY_ENV = "NVSHIM_MIG_STRATEGY"
 
-_TOP_KEYS = ("version", "sharing", "flags")  # "flags" is the device plugin's; ignored here
+# the device plugin's top-level keys; only version, flags and sharing matter here
+_TOP_KEYS = ("version", "flags", "resources", "sharing", "imex")
 _MODE_KEYS = ("renameByDefault", "failRequestsGreaterThanOne", "resources")
 _RESOURCE_KEYS = ("name", "rename", "replicas", "devices")
+_CONFIG_KEYS = ("version", "flags", "sharing")  # any of these: a single config, not named ones
 
 Device = Gpu | MigDevice
 
 
 @record(frozen=True)
 class Resource:
-    """One ``resources`` entry; ``devices`` is ``"all"``, a count, or a tuple of ids."""
+    """One ``resources`` entry: every device of ``name`` shared ``replicas`` ways and
+    advertised as ``advertised`` (``rename``, or ``<name>.shared`` with renameByDefault)."""
 
     name: str
     replicas: int
-    devices: str | int | tuple[str, ...]
+    advertised: str
     where: str  # the key path, for messages: "sharing.mps.resources[0]"
 
 
@@ -59,10 +82,12 @@ class Resource:
 class SharingConfig:
     """A checked sharing config; ``mode`` is None when it shares nothing."""
 
-    path: str
+    path: str  # the file, and the selected named config: "/etc/nvshim/sharing.yaml [a100]"
     mode: str | None
     fail_requests_greater_than_one: bool = False
     resources: tuple[Resource, ...] = ()
+    mig_strategy: str = "none"
+    warnings: tuple[str, ...] = ()
 
 
 @record(frozen=True)
@@ -76,6 +101,7 @@ class SharedDevice:
     fail_requests_greater_than_one: bool
     memory_total: int  # bytes
     is_mig: bool = False
+    resource: str = GPU_RESOURCE  # the resource name the device plugin advertises it as
 
     @property
     def thread_percentage(self) -> int:
@@ -102,13 +128,18 @@ def _show(value: Any) -> str:
     return text if len(text) <= 64 else text[:61] + "..."
 
 
-def _check_keys(path: str, where: str, table: Any, allowed: tuple[str, ...]) -> dict:
+def _mapping(path: str, where: str, table: Any) -> dict:
     if not isinstance(table, dict):
         raise _fail(path, where, f"must be a mapping, got {_show(table)}")
+    return table
+
+
+def _warn_unknown(path, where, table: dict, allowed, warnings: list[str]) -> None:
+    """The device plugin ignores keys it does not know: a warning each, never a refusal."""
     for key in table:
         if key not in allowed:
-            raise _fail(path, where, f"unknown key {_show(key)} (known: {', '.join(allowed)})")
-    return table
+            at = f"{where}.{key}" if where else str(key)
+            warnings.append(f"{path}: {at}: unknown key ignored (known: {', '.join(allowed)})")
 
 
 MISSING = object()
@@ -129,6 +160,10 @@ def read_sharing_file(path: str) -> Any:
         raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
     if len(raw) > MAX_FILE_BYTES:
         raise NvshimError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    return _parse_yaml(raw, path)
+
+
+def _parse_yaml(raw: bytes | str, path: str) -> Any:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -143,134 +178,217 @@ def read_sharing_file(path: str) -> Any:
         ) from None
 
 
+def _named_configs(data: Any) -> dict | None:
+    """The named configs of a file holding several (a ConfigMap manifest, or its ``data``
+    mapping of name to YAML text or mapping); None for a single config."""
+    if not isinstance(data, dict):
+        return None
+    if data.get("kind") == "ConfigMap":
+        return data.get("data") or {}
+    if any(key in data for key in _CONFIG_KEYS) or not data:
+        return None
+    values = data.values()
+    if all(_is_config(v) for v in values):
+        return data
+    return None
+
+
+def _is_config(value: Any) -> bool:
+    """A named config's value: a mapping, or YAML text, naming one of the config keys."""
+    if not isinstance(value, (str, dict)):
+        return False
+    return any(key in value for key in _CONFIG_KEYS)
+
+
+def select_config(data: Any, path: str, name: str = "", default: str = "") -> tuple[Any, str]:
+    """The config of ``data`` to use and the path label naming it in messages: a single
+    config as is; of several named ones, ``name``, else ``default``, else the only one (the
+    device plugin: node label ``nvidia.com/device-plugin.config``, else ``config.default``)."""
+    named = _named_configs(data)
+    if named is None:
+        return data, path
+    names = sorted(str(n) for n in named)
+    chosen = name or default
+    if not chosen:
+        if len(names) != 1:
+            raise NvshimError(
+                f"{path}: holds {len(names)} named configs ({', '.join(names) or 'none'}): "
+                "set [sharing] config-name or config-default to pick one"
+            )
+        chosen = names[0]
+    if chosen not in named:
+        how = "config-name" if name else "config-default"
+        raise NvshimError(
+            f"{path}: no config named {_show(chosen)} (sharing.{how}; "
+            f"the file has: {', '.join(names) or 'none'})"
+        )
+    label = f"{path} [{chosen}]"
+    value = named[chosen]
+    return (_parse_yaml(value, label) if isinstance(value, str) else value), label
+
+
 def parse_sharing_config(data: Any, path: str) -> SharingConfig:
-    """Check the shape of a parsed sharing config (no host needed)."""
+    """Check the shape of one parsed device-plugin config (no host needed)."""
+    warnings: list[str] = []
     if data is None:
-        raise _fail(path, "", "empty file (need at least 'version: v1')")
-    top = _check_keys(path, "", data, _TOP_KEYS)
-    version = top.get("version")
+        return SharingConfig(path, None, warnings=(f"{path}: empty config: nothing shared",))
+    top = _mapping(path, "", data)
+    _warn_unknown(path, "", top, _TOP_KEYS, warnings)
+    version = top.get("version", "v1")
     if version != "v1":
         raise _fail(path, "version", f"must be 'v1', got {_show(version)}")
+    strategy = _mig_strategy(path, top.get("flags"))
     sharing = top.get("sharing")
     if sharing is None:
-        return SharingConfig(path, None)
-    sharing = _check_keys(path, "sharing", sharing, MODES)
+        return SharingConfig(path, None, mig_strategy=strategy, warnings=tuple(warnings))
+    sharing = _mapping(path, "sharing", sharing)
+    _warn_unknown(path, "sharing", sharing, MODES, warnings)
     present = [m for m in MODES if sharing.get(m) is not None]
-    if not present:
-        return SharingConfig(path, None)
     if len(present) > 1:
         raise _fail(path, "sharing", "set only one of mps and timeSlicing")
+    if not present:
+        return SharingConfig(path, None, mig_strategy=strategy, warnings=tuple(warnings))
     mode = present[0]
     where = f"sharing.{mode}"
-    table = _check_keys(path, where, sharing[mode], _MODE_KEYS)
+    table = _mapping(path, where, sharing[mode])
+    _warn_unknown(path, where, table, _MODE_KEYS, warnings)
     for flag in ("renameByDefault", "failRequestsGreaterThanOne"):
         if flag in table and not isinstance(table[flag], bool):
             raise _fail(path, f"{where}.{flag}", f"must be true or false, got {_show(table[flag])}")
     entries = table.get("resources")
     if not isinstance(entries, list) or not entries:
         raise _fail(path, f"{where}.resources", "must be a non-empty list")
+    by_default = bool(table.get("renameByDefault"))
     resources = tuple(
-        _parse_resource(path, f"{where}.resources[{i}]", entry, mode)
+        _parse_resource(path, f"{where}.resources[{i}]", entry, mode, by_default, warnings)
         for i, entry in enumerate(entries)
     )
-    return SharingConfig(path, mode, bool(table.get("failRequestsGreaterThanOne")), resources)
+    seen: dict[str, str] = {}
+    for res in resources:
+        if res.name in seen:
+            raise _fail(path, f"{res.where}.name", f"{res.name} already listed in {seen[res.name]}")
+        seen[res.name] = res.where
+    fail_more = table.get("failRequestsGreaterThanOne", mode == "mps")
+    return SharingConfig(path, mode, fail_more, resources, strategy, tuple(warnings))
 
 
-def _parse_resource(path: str, where: str, entry: Any, mode: str) -> Resource:
-    entry = _check_keys(path, where, entry, _RESOURCE_KEYS)
-    name = entry.get("name")
-    if not isinstance(name, str) or not (
-        name == GPU_RESOURCE or (name.startswith(MIG_RESOURCE_PREFIX) and len(name) > 15)
+def _mig_strategy(path: str, flags: Any) -> str:
+    if flags is None:
+        return "none"
+    flags = _mapping(path, "flags", flags)
+    strategy = flags.get("migStrategy")
+    if strategy is None:
+        return "none"
+    if strategy not in MIG_STRATEGIES:
+        raise _fail(
+            path, "flags.migStrategy", f"must be none, single or mixed, got {_show(strategy)}"
+        )
+    return strategy
+
+
+def _resource_name(path: str, where: str, value: Any) -> str:
+    """A resource name as the device plugin reads it: ``nvidia.com/`` added when absent."""
+    if not isinstance(value, str) or not value:
+        raise _fail(path, where, f"must be a resource name, got {_show(value)}")
+    name = value if "/" in value else RESOURCE_PREFIX + value
+    if not name.startswith(RESOURCE_PREFIX) or len(name) == len(RESOURCE_PREFIX):
+        raise _fail(path, where, f"must be a {RESOURCE_PREFIX}<name> resource, got {_show(value)}")
+    return name
+
+
+def _parse_resource(path, where, entry: Any, mode: str, by_default: bool, warnings) -> Resource:
+    entry = _mapping(path, where, entry)
+    _warn_unknown(path, where, entry, _RESOURCE_KEYS, warnings)
+    name = _resource_name(path, f"{where}.name", entry.get("name"))
+    if name != GPU_RESOURCE and not (
+        name.startswith(MIG_RESOURCE_PREFIX) and len(name) > len(MIG_RESOURCE_PREFIX)
     ):
         raise _fail(
             path,
             f"{where}.name",
-            f"must be {GPU_RESOURCE} or nvidia.com/mig-<profile>, got {_show(name)}",
+            f"must be {GPU_RESOURCE} or {MIG_RESOURCE_PREFIX}<profile>, got {_show(name)}",
         )
-    if "rename" in entry and not isinstance(entry["rename"], str):
-        raise _fail(path, f"{where}.rename", f"must be a string, got {_show(entry['rename'])}")
+    if entry.get("rename") is not None:
+        advertised = _resource_name(path, f"{where}.rename", entry["rename"])
+    else:
+        advertised = f"{name}.shared" if by_default else name
     replicas = entry.get("replicas")
     if isinstance(replicas, bool) or not isinstance(replicas, int):
         raise _fail(path, f"{where}.replicas", f"must be an integer, got {_show(replicas)}")
     top = MPS_CLIENTS_VOLTA if mode == "mps" else MAX_TIME_SLICING_REPLICAS
-    if not 1 <= replicas <= top:
-        raise _fail(path, f"{where}.replicas", f"must be between 1 and {top}, got {replicas}")
-    devices = entry.get("devices", "all")
-    if isinstance(devices, bool):
-        raise _fail(path, f"{where}.devices", f"must be 'all', a count or a list, got {devices}")
-    if isinstance(devices, str):
-        if devices != "all":
-            raise _fail(
-                path, f"{where}.devices", f"the only string allowed is 'all', got {_show(devices)}"
-            )
-        return Resource(name, replicas, "all", where)
-    if isinstance(devices, int):
-        if devices < 1:
-            raise _fail(path, f"{where}.devices", f"a count must be at least 1, got {devices}")
-        return Resource(name, replicas, devices, where)
-    if not isinstance(devices, list) or not devices:
+    if not MIN_REPLICAS <= replicas <= top:
         raise _fail(
-            path,
-            f"{where}.devices",
-            f"must be 'all', a count or a non-empty list, got {_show(devices)}",
+            path, f"{where}.replicas", f"must be between {MIN_REPLICAS} and {top}, got {replicas}"
         )
-    ids = []
-    for i, item in enumerate(devices):
-        if isinstance(item, bool) or not isinstance(item, (str, int)) or item == "":
-            raise _fail(
-                path, f"{where}.devices[{i}]", f"must be an index or a UUID, got {_show(item)}"
-            )
-        ids.append(str(item))
-    return Resource(name, replicas, tuple(ids), where)
+    if "devices" in entry:
+        warnings.append(
+            f"{path}: {where}.devices: ignored, as the device plugin does: every {name} "
+            "device is shared"
+        )
+    return Resource(name, replicas, advertised, where)
 
 
-def load_sharing_config(path: str) -> SharingConfig | None:
-    """Read and check ``path``; None when it does not exist (nothing is shared)."""
+def selected_name(config) -> tuple[str, str]:
+    """The named config to use and the default: ``NVSHIM_SHARING_CONFIG_NAME`` (when set)
+    or ``[sharing] config-name``, and ``[sharing] config-default``."""
+    table = config.values["sharing"]
+    name = os.environ.get(NAME_ENV) or table.get("config-name") or ""
+    return name, table.get("config-default") or ""
+
+
+def load_sharing_config(path: str, name: str = "", default: str = "") -> SharingConfig | None:
+    """Read, select (``name``/``default``) and check ``path``; None when it does not exist
+    (nothing is shared)."""
     if not path:
         return None
     data = read_sharing_file(path)
-    return None if data is MISSING else parse_sharing_config(data, path)
+    if data is MISSING:
+        return None
+    data, label = select_config(data, path, name, default)
+    return parse_sharing_config(data, label)
 
 
-def _candidates(host: Host, name: str) -> list[Device]:
-    from nvshim.host.edits import all_devices
-
+def covered_devices(host: Host, config: SharingConfig, name: str) -> list[Device]:
+    """The devices the device plugin advertises as resource ``name`` under the config's
+    ``migStrategy``."""
+    strategy = config.mig_strategy
+    if strategy == "single":
+        strategy = _single_strategy(host, config)
     if name == GPU_RESOURCE:
-        return all_devices(host)
+        if strategy == "none":
+            return list(host.gpus)
+        if strategy == "single":
+            return host.mig_devices()
+        return [g for g in host.gpus if not g.mig_enabled]
+    if strategy != "mixed":
+        return []
     profile = name[len(MIG_RESOURCE_PREFIX) :]
     return [m for m in host.mig_devices() if m.profile == profile]
 
 
+def _single_strategy(host: Host, config: SharingConfig) -> str:
+    """``single`` on this host: ``none`` when no GPU is in MIG mode; refused unless every
+    GPU is in MIG mode with MIG devices of one profile (the device plugin's rule)."""
+    enabled = [g for g in host.gpus if g.mig_enabled]
+    if not enabled:
+        return "none"
+    where = "flags.migStrategy"
+    if len(enabled) != len(host.gpus):
+        off = ", ".join(str(g.index) for g in host.gpus if not g.mig_enabled)
+        raise _fail(config.path, where, f"single needs every GPU in MIG mode; GPU {off} is not")
+    empty = [str(g.index) for g in enabled if not g.mig_devices]
+    if empty:
+        raise _fail(config.path, where, f"single: GPU {', '.join(empty)} has no MIG devices")
+    profiles = sorted({m.profile for m in host.mig_devices()})
+    if len(profiles) > 1:
+        raise _fail(
+            config.path, where, f"single needs one MIG profile, the host has {', '.join(profiles)}"
+        )
+    return "single"
+
+
 def _device_name(device: Device) -> str:
     return device.name_index if isinstance(device, MigDevice) else str(device.index)
-
-
-def _resolve_ref(host: Host, ref: str, where: str, path: str) -> Device:
-    from nvshim.policy.request import RequestError, parse_device_id
-    from nvshim.policy.resolve import resolve_devices
-
-    try:
-        canonical = parse_device_id(ref, where)
-    except RequestError as err:
-        raise NvshimError(f"{path}: {err}") from None
-    whole = None
-    if canonical.isdigit():
-        whole = next((g for g in host.gpus if g.index == int(canonical)), None)
-    elif canonical.lower().startswith("gpu-"):
-        whole = next((g for g in host.gpus if g.uuid.lower() == canonical.lower()), None)
-    if whole is not None and whole.mig_enabled:
-        names = ", ".join(m.name_index for m in whole.mig_devices) or "none configured"
-        raise _fail(
-            path,
-            where,
-            f"GPU {ref} is in MIG mode: it is shared per MIG device, list those instead ({names})",
-        )
-    from nvshim.policy.request import DeviceList
-
-    try:
-        return resolve_devices(host, DeviceList("list", (canonical,)))[0]
-    except RequestError as err:
-        raise _fail(path, where, str(err)) from None
 
 
 def _max_replicas(device: Device, host: Host, mode: str) -> int:
@@ -288,34 +406,20 @@ def resolve_sharing(config: SharingConfig, host: Host) -> dict[str, SharedDevice
     """The shared devices of ``host`` by UUID, checked against the host."""
     out: dict[str, SharedDevice] = {}
     if config.mode is None:
+        if config.mig_strategy == "single":
+            _single_strategy(host, config)
         return out
     path = config.path
     for res in config.resources:
-        candidates = _candidates(host, res.name)
-        if res.devices == "all":
-            chosen = [(d, f"{res.where}.devices") for d in candidates]
-        elif isinstance(res.devices, int):
-            if res.devices > len(candidates):
+        for device in covered_devices(host, config, res.name):
+            if config.mode == "mps" and (isinstance(device, MigDevice) or device.mig_enabled):
+                what = "MIG device" if isinstance(device, MigDevice) else "GPU in MIG mode"
                 raise _fail(
                     path,
-                    f"{res.where}.devices",
-                    f"count {res.devices} but the host has {len(candidates)} {res.name} device(s)",
-                )
-            chosen = [(d, f"{res.where}.devices") for d in candidates[: res.devices]]
-        else:
-            chosen = []
-            for i, ref in enumerate(res.devices):
-                where = f"{res.where}.devices[{i}]"
-                device = _resolve_ref(host, ref, where, path)
-                if device.uuid not in {c.uuid for c in candidates}:
-                    raise _fail(path, where, f"device {ref} is not a {res.name} device")
-                chosen.append((device, where))
-        for device, where in chosen:
-            if device.uuid in out:
-                raise _fail(
-                    path,
-                    where,
-                    f"device {_device_name(device)} ({device.uuid}) is listed more than once",
+                    f"{res.where}.name",
+                    f"{res.name} covers {what} {_device_name(device)} ({device.uuid}) under "
+                    f"migStrategy {config.mig_strategy}: sharing with MPS is not supported "
+                    "for MIG devices",
                 )
             limit = _max_replicas(device, host, config.mode)
             if res.replicas > limit:
@@ -335,16 +439,47 @@ def resolve_sharing(config: SharingConfig, host: Host) -> dict[str, SharedDevice
                 fail_requests_greater_than_one=config.fail_requests_greater_than_one,
                 memory_total=device.memory_total,
                 is_mig=isinstance(device, MigDevice),
+                resource=res.advertised,
             )
     return out
 
 
+def config_for(config) -> SharingConfig | None:
+    """The sharing config nvshim's ``config`` names (``[sharing] config``, selected by
+    ``config-name``/``config-default``); None when the file does not exist. ``[sharing]
+    mig-strategy`` (or ``NVSHIM_MIG_STRATEGY``), when set, wins over the file's
+    ``flags.migStrategy``, as the device plugin's ``--mig-strategy``/``MIG_STRATEGY`` do
+    (the GPU Operator sets those, not the file)."""
+    name, default = selected_name(config)
+    sharing = load_sharing_config(config.get("sharing", "config"), name, default)
+    strategy = os.environ.get(STRATEGY_ENV) or config.values["sharing"].get("mig-strategy")
+    if sharing is None or not strategy:
+        return sharing
+    if strategy not in MIG_STRATEGIES:
+        source = (
+            STRATEGY_ENV
+            if os.environ.get(STRATEGY_ENV)
+            else f"{config.path or 'config'}: sharing.mig-strategy"
+        )
+        raise NvshimError(f"{source}: must be none, single or mixed, got {_show(strategy)}")
+    from nvshim.record import replace
+
+    return replace(sharing, mig_strategy=strategy)
+
+
+def check_sharing(config, host: Host | None = None) -> list[str]:
+    """Validate the sharing file of nvshim's ``config`` (against ``host`` when given): its
+    warnings, or NvshimError naming the file and key. For ``nvshim info``, ``nvshim config
+    show`` and the node installer, which refuse to start on a bad file."""
+    sharing = config_for(config)
+    if sharing is None:
+        return []
+    if host is not None:
+        resolve_sharing(sharing, host)
+    return list(sharing.warnings)
+
+
 def sharing_for(config, host: Host) -> dict[str, SharedDevice]:
     """Shared devices per UUID from nvshim's ``config`` (``[sharing] config``)."""
-    sharing = load_sharing_config(config.get("sharing", "config"))
+    sharing = config_for(config)
     return resolve_sharing(sharing, host) if sharing is not None else {}
-
-
-def sharing_modes(config, host: Host) -> dict[str, str]:
-    """The sharing mode label of each shared device by UUID (``nvshim info``)."""
-    return {uuid: shared.label for uuid, shared in sharing_for(config, host).items()}

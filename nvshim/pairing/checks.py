@@ -2,15 +2,8 @@
 ``nvidia_peermem`` loaded, and does every GPU have a NIC at the accepted affinity.
 
 Each returns ``(status, reason, fix)``: status ``ok``, ``warn`` or ``skip`` (nothing to
-check: no RDMA device), reason one line, fix None when ok. Registering one with the
-doctor's registry takes a few lines::
-
-    @check("gpudirect-rdma", "nvidia_peermem is loaded where RDMA devices are")
-    def peermem(ctx):
-        status, reason, fix = check_peermem(ctx.dev_root)
-        if status == "skip":
-            raise Skip(reason)
-        return Result("gpudirect-rdma", status, reason, fix)
+check: no RDMA device), reason one line, fix None when ok. ``nvshim.doctor.pairing_checks``
+registers them as ``gpudirect-rdma`` and ``gpu-nic-affinity``.
 """
 
 from __future__ import annotations
@@ -33,10 +26,17 @@ def _loaded_modules(dev_root: str) -> set[str]:
     return found
 
 
+def _has_rdma(dev_root: str) -> bool:
+    try:
+        return bool(os.listdir(host_path(dev_root, "/sys/class/infiniband")))
+    except OSError:
+        return False
+
+
 def check_peermem(dev_root: str) -> Outcome:
     """GPUDirect RDMA needs ``nvidia_peermem`` once the host has RDMA devices."""
-    if not os.path.isdir(host_path(dev_root, "/sys/class/infiniband")):
-        return "skip", "no RDMA devices (/sys/class/infiniband absent)", None
+    if not _has_rdma(dev_root):
+        return "skip", "no RDMA devices (/sys/class/infiniband empty or absent)", None
     loaded = _loaded_modules(dev_root)
     if loaded:
         return "ok", f"{', '.join(sorted(loaded))} loaded: GPUDirect RDMA available", None
@@ -54,10 +54,10 @@ def check_gpu_nics(host, config) -> Outcome:
     from nvshim.host.topology import discover_topology
     from nvshim.policy.pairing import matches, settings
 
+    if not _has_rdma(host.dev_root):
+        return "skip", "no RDMA devices", None
     cfg = settings(config)
     topo = discover_topology(host)
-    if not topo.nics:
-        return "skip", "no RDMA devices", None
     allowed = [n for n in topo.nics if n.uverbs and (not cfg["nics"] or matches(n, cfg["nics"]))]
     worst = rank(cfg["worst-affinity"])
     lonely = []

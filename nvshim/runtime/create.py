@@ -20,19 +20,21 @@ def prepare_bundle(bundle: str, container_id: str) -> Config:
     NvshimError (logged) when the request cannot be satisfied.
     """
     config = load_config()
-    log_file = config.get("runtime", "log-file")
     spec = load_spec(bundle)
+    pod = spec.get("annotations")
     from nvshim.policy.select import edits_for_spec
 
     try:
         selection = edits_for_spec(spec, config)
     except NvshimError as err:
-        log_decision(log_file, TOOL, container_id, error=str(err), echo=False, bundle=bundle)
+        log_decision(
+            config, TOOL, container_id, error=err, echo=False, annotations=pod, bundle=bundle
+        )
         raise
     if selection is None:
         return config
     if selection.edits.is_empty():
-        log_decision(log_file, TOOL, container_id, **selection.log)
+        log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
         return config
     from nvshim.fsutil import atomic_write
     from nvshim.oci.modify import apply_edits
@@ -40,5 +42,5 @@ def prepare_bundle(bundle: str, container_id: str) -> Config:
     apply_edits(spec, selection.edits, [d.uuid for d in selection.devices])
     data = fastjson.dumps(spec).encode()
     atomic_write(os.path.join(bundle, "config.json"), data, backup=False, durable=False)
-    log_decision(log_file, TOOL, container_id, **selection.log)
+    log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
     return config

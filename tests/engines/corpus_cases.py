@@ -41,6 +41,8 @@ class Case:
 
     def cli_args(self, root: Path) -> list[str]:
         args = [a.replace("{root}", str(root)) for a in self.args]
+        if not any(a.startswith("--cgroup-driver") for a in args):
+            args += ["--cgroup-driver", "cgroupfs"]  # not the test machine's own
         return ["--runtime", self.engine, "--config", str(root / self.target), *args]
 
     def expected(self) -> dict[str, bytes]:
@@ -105,3 +107,15 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def containerd_dump(config) -> str:
+    """``containerd --config CONFIG config dump``: the effective config containerd loads."""
+    import subprocess
+
+    return subprocess.run(
+        ["containerd", "--config", str(config), "config", "dump"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout

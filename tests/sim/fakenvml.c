@@ -124,6 +124,7 @@ struct fake_dev {
     int mig_mode, mig_pending; /* -1: MIG not supported */
     unsigned mig_max;
     int numa; /* -1: NOT_SUPPORTED */
+    int persistence; /* 0 disabled, 1 enabled (nvmlEnableState_t) */
     unsigned sm, ce, dec, enc, jpg, ofa;
     unsigned gi, ci, gi_slices, ci_slices;
     unsigned nvlinks; /* active NVLinks: to NVSwitches, or to the GPU nvlink_peer names */
@@ -226,6 +227,7 @@ static int set_field(struct fake_dev *d, const char *key, const char *val)
     IFIELD("mig_pending", mig_pending)
     UFIELD("mig_max", mig_max)
     IFIELD("numa", numa)
+    IFIELD("persistence", persistence)
     UFIELD("sm", sm)
     UFIELD("ce", ce)
     UFIELD("dec", dec)
@@ -783,6 +785,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
         return NVML_ERROR_NOT_SUPPORTED;
     *currentMode = (unsigned)d->mig_mode;
     *pendingMode = (unsigned)(d->mig_pending < 0 ? d->mig_mode : d->mig_pending);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode)
+{
+    ENTER(device, d);
+    if (!mode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *mode = d->persistence;
     return NVML_SUCCESS;
 }
 

@@ -12,7 +12,8 @@ A topology names the driver and its GPUs; see ``hosts/*.yaml`` for examples. Key
   equal the position), ``minor`` (default: index), ``pci_device_id``, ``pci_subsystem_id``,
   ``memory_used_mib``, ``memory_reserved_mib``, ``sm_count``, ``mig_mode``
   (unsupported/disabled/enabled), ``mig_pending``, ``max_mig_devices`` (default 7),
-  ``numa_node`` (int, -1 allowed, absent: no sysfs file), ``compute_mode``, ``fail``
+  ``numa_node`` (int, -1 allowed, absent: no sysfs file), ``persistence_mode``
+  (enabled/disabled, default enabled), ``compute_mode``, ``fail``
   (``{code: 15, on_handle: false, only: [nvmlDeviceGetUUID]}``) and ``mig_devices``.
 - ``mig_devices``: each ``gi``, ``ci``, ``profile`` (``1g.5gb``, ``1c.2g.20gb``), ``uuid``
   (``MIG-...``), optionally ``memory_mib`` (default from the profile), ``slot`` (position in
@@ -76,6 +77,7 @@ BRANDS = {
 }
 COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
 MIG_MODES = {"unsupported": -1, "disabled": 0, "enabled": 1}
+PERSISTENCE_MODES = {"disabled": 0, "enabled": 1}
 
 # GPU-instance profile -> memory in MiB as the driver reports it.
 PROFILE_MEMORY_MIB = {
@@ -293,6 +295,7 @@ def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[st
         "mig_pending",
         "max_mig_devices",
         "numa_node",
+        "persistence_mode",
         "compute_mode",
         "fail",
         "mig_devices",
@@ -344,6 +347,7 @@ def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[st
         "mig_pending": c.get("mig_pending", (int, str), mig_mode, enum=MIG_MODES),
         "max_mig_devices": c.get("max_mig_devices", int, 7 if mig_mode == 1 else 0),
         "numa_node": numa,
+        "persistence_mode": c.get("persistence_mode", (int, str), 1, enum=PERSISTENCE_MODES),
         "compute_mode": c.get("compute_mode", int, 0, enum=COMPUTE_MODES),
         "fail": _fail(source, where, raw.get("fail")),
         "pci_path": _pci_path(c),
@@ -467,6 +471,7 @@ def render_fake_nvml(topo: dict[str, Any]) -> str:
             "mig_pending": g["mig_pending"],
             "mig_max": g["max_mig_devices"],
             "numa": -1 if g["numa_node"] is None else g["numa_node"],
+            "persistence": g["persistence_mode"],
             "sm": g["sm_count"],
             "compute_mode": g["compute_mode"],
             "fail": fail["code"],

@@ -1,0 +1,87 @@
+"""``nvshim doctor``: is this node fit for GPU pods? One line per check, exit 1 on a fail."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from nvshim.cli.common import root_options
+from nvshim.engines import ENGINES
+
+
+def context_options(func):
+    """The options that say what to check (engine, spec and hook dirs, roots); the command
+    gets ``make_context``, a function returning a fresh doctor Context."""
+    options = [
+        click.option(
+            "--engine",
+            type=click.Choice(ENGINES),
+            help="Container engine to check [env NVSHIM_ENGINE; default: the first found].",
+        ),
+        click.option("--engine-config", metavar="FILE", help="Engine config file (as configure)."),
+        click.option("--socket", metavar="PATH", help="Engine socket (as configure)."),
+        click.option("--runtime-name", help="Runtime (handler) name [nvshim]."),
+        click.option("--cdi-dir", "cdi_dirs", multiple=True, metavar="DIR", help="Repeatable."),
+        click.option("--hooks-dir", "hooks_dirs", multiple=True, metavar="DIR", help="Repeatable."),
+    ]
+
+    @functools.wraps(func)
+    def wrapper(*args, engine, engine_config, socket, runtime_name, cdi_dirs, hooks_dirs, **kw):
+        from nvshim.doctor.context import Context
+
+        config, driver_root, dev_root = kw.pop("config"), kw.pop("driver_root"), kw.pop("dev_root")
+        engine_options = {"config": engine_config, "socket": socket, "runtime_name": runtime_name}
+
+        def make_context() -> Context:
+            return Context(
+                config,
+                driver_root,
+                dev_root,
+                engine=engine,
+                engine_options=engine_options,
+                cdi_dirs=cdi_dirs,
+                hooks_dirs=hooks_dirs,
+            )
+
+        return func(*args, make_context=make_context, **kw)
+
+    wrapper = root_options(wrapper)
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--check", "only", multiple=True, metavar="NAME", help="Run only these checks.")
+@context_options
+def doctor(as_json, only, make_context) -> None:
+    """Check the driver, device nodes, engine, CDI specs and sharing; exit 1 if any fails."""
+    from nvshim.doctor import exit_code, load_checks, run_checks
+    from nvshim.errors import UsageError
+
+    unknown = [n for n in only if n not in load_checks()]
+    if unknown:
+        raise UsageError(f"--check {unknown[0]}: no such check ({', '.join(load_checks())})")
+    results = run_checks(make_context(), tuple(only))
+    code = exit_code(results)
+    if as_json:
+        doc = {"healthy": code == 0, "checks": [r.to_dict() for r in results]}
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(render(results))
+    sys.exit(code)
+
+
+def render(results) -> str:
+    """``STATUS  CHECK  reason`` lines, each problem followed by its fix."""
+    width = max((len(r.name) for r in results), default=0)
+    lines = []
+    for r in results:
+        lines.append(f"{r.status.upper():<4}  {r.name:<{width}}  {r.reason}")
+        if r.fix and r.status in ("warn", "fail"):
+            lines.append(f"{'':<4}  {'':<{width}}  fix: {r.fix}")
+    return "\n".join(lines)

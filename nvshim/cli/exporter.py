@@ -1,0 +1,60 @@
+"""``nvshim exporter``: serve the node's Prometheus metrics until stopped."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import click
+
+from nvshim.cli.doctor import context_options
+from nvshim.errors import UsageError
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (all addresses) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--listen {text!r}: expected HOST:PORT, [ADDR]:PORT or :PORT")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host or "0.0.0.0", int(port)
+
+
+@click.command()
+@click.option(
+    "--listen", default=":9400", show_default=True, metavar="ADDR", help="HOST:PORT to serve on."
+)
+@click.option("--log-file", metavar="FILE", help="Decision log to count (default: config).")
+@click.option(
+    "--doctor-interval",
+    type=float,
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Re-run the doctor's checks at most this often.",
+)
+@context_options
+def exporter(listen, log_file, doctor_interval, make_context) -> None:
+    """Serve Prometheus metrics: doctor checks, MPS daemons, container decisions, CDI age."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from nvshim.exporter.collector import NodeCollector
+
+    host, port = parse_listen(listen)
+    config = make_context().config
+    log_path = log_file or (
+        config.get("runtime", "log-file") if config.get("runtime", "log-target") == "file" else None
+    )
+    registry = CollectorRegistry()
+    registry.register(NodeCollector(make_context, log_path, doctor_interval))
+    try:
+        server, _thread = start_http_server(port, host, registry=registry)
+    except OSError as err:
+        raise UsageError(f"--listen {listen}: {err.strerror or err}") from None
+    click.echo(f"nvshim exporter: serving http://{listen}/metrics", err=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    server.shutdown()

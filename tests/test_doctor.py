@@ -32,8 +32,8 @@ def raw_topology(name: str) -> dict:
 
 
 V16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
-# no NVSwitch; runtime mode; no RDMA devices (GPU-NIC checks: tests/test_pairing.py)
-SKIPPED_WHEN_HEALTHY = {"fabric-manager", "oci-hook", "gpudirect-rdma", "gpu-nic-affinity"}
+RDMA_CHECKS = {"gpudirect-rdma", "gpu-nic-affinity"}  # no RDMA devices: tests/test_pairing.py
+SKIPPED_WHEN_HEALTHY = {"fabric-manager", "oci-hook"} | RDMA_CHECKS  # no NVSwitch; runtime mode
 SHARED = {"single": "0", "h100x8-mig": "1", "a100-mig-1g5gb": "0:2"}
 
 
@@ -408,12 +408,12 @@ def test_prestart_hook_file_is_checked_and_cgroup_v2_fails_it(nodes, launchers):
     cgroup = Path(node.dev("/sys/fs/cgroup"))
     try:
         code, results = node.doctor()
-        _assert_only(results, {"fabric-manager": "skip"}, set())
+        _assert_only(results, {"fabric-manager": "skip"}, RDMA_CHECKS)
         assert results["oci-hook"][1].endswith(f"-> {bin_dir}/nvshim-hook")
         cgroup.mkdir(parents=True)
         (cgroup / "cgroup.controllers").write_text("cpu memory pids\n")
         code, results = node.doctor()
-        _assert_only(results, {"fabric-manager": "skip", "cgroup": "fail"}, set())
+        _assert_only(results, {"fabric-manager": "skip", "cgroup": "fail"}, RDMA_CHECKS)
         assert "cannot add device rules" in results["cgroup"][1]
         assert code == 1
     finally:

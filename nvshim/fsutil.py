@@ -21,6 +21,29 @@ def _temp_file(directory: str, name: str) -> tuple[int, str]:
     raise FileExistsError(f"{directory}: no free temporary name for {name}")
 
 
+def remove_temp_files(path: str) -> list[str]:
+    """Remove the temporary files :func:`atomic_write` leaves beside ``path`` when it is
+    killed mid-write; only call it while holding the lock every writer of ``path`` takes.
+    Returns the paths removed."""
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    head = f".{os.path.basename(path)}."
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(head) and name.endswith(".tmp"):
+            middle = name[len(head) : -len(".tmp")].split(".")
+            if len(middle) == 2 and middle[0].isdigit():
+                try:
+                    os.unlink(os.path.join(directory, name))
+                    removed.append(os.path.join(directory, name))
+                except FileNotFoundError:
+                    pass
+    return removed
+
+
 def atomic_write(
     path: str,
     data: bytes,

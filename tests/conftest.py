@@ -40,6 +40,16 @@ def launchers(tmp_path_factory) -> str:
     return bin_dir
 
 
+@pytest.fixture
+def scratch(tmp_path):
+    """A scratch host root for `nvshim node` (tests/node_util.py); installers a failed test
+    left running are killed afterwards."""
+    from tests.node_util import Scratch, reap_started
+
+    yield Scratch(tmp_path)
+    reap_started()
+
+
 def write_config(path, host, bin_dir: str, state_dir, log_file, **policy) -> str:
     """An nvshim config.toml for ``host`` (a SimHost); extra [policy] keys as kwargs."""
     lines = [

@@ -20,6 +20,8 @@ from collections.abc import Callable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("NVSHIM_TEST_CACHE", "/tmp/nvshim-test-cache")
 # What goes into the bundle: the package, its metadata and the builder.
+# Builds kept per product: enough for a few checkouts side by side.
+KEEP = 3
 BUNDLE_INPUTS = ("nvshim", "setup.py", "pyproject.toml", "README.md", "packaging/bundle")
 
 
@@ -41,7 +43,27 @@ def cached(name: str, inputs: object, build: Callable[[str], None]) -> str:
                 os.unlink(work)
             build(work)
             os.rename(work, final)
+            _prune(name, final)
     return final
+
+
+def _prune(name: str, keep: str, newest: int = KEEP) -> None:
+    """Remove all but the ``newest`` builds of product ``name`` (``keep`` always stays),
+    so a cache that sees many source changes stays bounded."""
+    prefix = f"{name}-"
+    builds = []
+    for entry in os.listdir(CACHE):
+        path = os.path.join(CACHE, entry)
+        rest = entry[len(prefix) :]
+        if entry.startswith(prefix) and len(rest) == 16 and "." not in rest and path != keep:
+            builds.append((os.lstat(path).st_mtime, path))
+    for _mtime, path in sorted(builds, reverse=True)[newest - 1 :]:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+        if os.path.exists(path + ".lock"):
+            os.unlink(path + ".lock")
 
 
 def tree_digest(paths: tuple[str, ...], root: str = REPO) -> str:

@@ -8,7 +8,8 @@ import yaml
 
 from nvshim.engines.settings import DEFAULT_RUNTIME_NAME
 
-MANIFEST = Path(__file__).resolve().parents[1] / "packaging" / "kubernetes" / "runtimeclass.yaml"
+KUBE = Path(__file__).resolve().parents[1] / "packaging" / "kubernetes"
+MANIFEST = KUBE / "base" / "runtimeclass.yaml"
 
 
 def test_runtimeclass_names_the_configured_handler():
@@ -20,4 +21,6 @@ def test_runtimeclass_names_the_configured_handler():
     assert rc["metadata"] == {"name": "nvshim"}
     # The CRI handler is the runtime name `nvshim configure` writes by default.
     assert rc["handler"] == DEFAULT_RUNTIME_NAME
-    assert set(rc) == {"apiVersion", "kind", "metadata", "handler"}
+    assert set(rc) == {"apiVersion", "kind", "metadata", "handler", "scheduling"}
+    # only onto GPU nodes, where the installer DaemonSet runs
+    assert rc["scheduling"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}

@@ -25,10 +25,7 @@ def create_device_nodes(
 ) -> None:
     """Create the missing /dev/nvidia<N> nodes of the GPUs NVML reports (and, with
     --control-devices, the control nodes), majors from /proc/devices."""
-    from nvshim.host import files, nvml
-    from nvshim.host.mknodes import create_nodes, wanted_nodes
+    from nvshim.host.mknodes import create_missing
 
-    library = nvml.find_library(driver_root, files.read_ld_cache(driver_root, []))
-    minors = [g.minor for g in nvml.query(library).gpus]
-    for line in create_nodes(dev_root, wanted_nodes(dev_root, minors, control_devices), dry_run):
+    for line in create_missing(driver_root, dev_root, control_devices, dry_run):
         click.echo(line)

@@ -16,22 +16,22 @@ from nvshim.engines import containerd, crio, docker
 from nvshim.engines.common import (
     FileState,
     backup_path,
+    commit_file,
     decode,
     load_state,
     locked,
-    make_dirs,
     read_bytes,
     remove_empty_dirs,
     remove_state,
     save_state,
     sha256,
     unified_diff,
-    write_backup,
     write_file,
 )
 from nvshim.engines.records import apply_edits, revert_records
 from nvshim.engines.restart import find_systemctl, restart, socket_owner
 from nvshim.engines.settings import Settings
+from nvshim.host.rootpath import host_path
 from nvshim.record import field, record
 
 ENGINE_MODULES: dict[str, ModuleType] = {
@@ -79,7 +79,7 @@ def _check_restart(s: Settings) -> None:
     if s.restart == "signal":
         socket_owner(s.socket)
     elif s.restart == "systemd":
-        find_systemctl()
+        find_systemctl(s.host_root)
 
 
 def configure(s: Settings) -> Report:
@@ -94,7 +94,7 @@ def configure(s: Settings) -> Report:
         states = {path: load_state(path) for path in paths}
         history = {path: st.records if st else [] for path, st in states.items()}
         plan, warnings = engine.plan(s, docs, history)
-        if not os.path.exists(s.runtime_path):
+        if not os.path.exists(host_path(s.host_root, s.runtime_path)):
             warnings.append(f"{s.runtime_path} does not exist yet (see `nvshim install`)")
         changes = []
         for path in paths:
@@ -129,21 +129,8 @@ def _dry_run(report: Report, changes: list[_Change]) -> Report:
 
 
 def _commit_configure(change: _Change) -> str:
-    path, state = change.path, change.state
-    notes = []
-    if state is None:
-        state = FileState(original_sha256=sha256(change.old))
-        if change.old is not None:
-            notes.append(f"original kept in {write_backup(path, change.old)}")
-    elif sha256(change.old) != state.written_sha256:
-        state.pristine = False  # someone else edited it since nvshim wrote it
-    if change.old is None:
-        state.created_dirs += make_dirs(os.path.dirname(path))
-    state.written_sha256 = sha256(change.new)
-    state.records = change.records
-    save_state(path, state)  # first: a crash before the write leaves a harmless record
-    write_file(path, change.new)
-    return f"{path}: " + "; ".join(change.summary + notes)
+    _, notes = commit_file(change.path, change.old, change.new, change.state, change.records)
+    return f"{change.path}: " + "; ".join(change.summary + notes)
 
 
 def unconfigure(s: Settings) -> Report:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nvshim.errors import NvshimError
-from nvshim.fsutil import atomic_write
+from nvshim.fsutil import atomic_write, remove_temp_files
 from nvshim.record import field, record
 
 BACKUP_SUFFIX = ".nvshim.bak"
@@ -81,7 +81,8 @@ def decode(path: str, data: bytes | None) -> str:
 
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[None]:
-    """Hold an exclusive lock for ``path`` (a lock file beside it, removed on release)."""
+    """Hold an exclusive lock for ``path`` (a lock file beside it, removed on release).
+    Temporary files a writer killed mid-write left beside ``path`` are removed."""
     lock = sidecar_base(path) + LOCK_SUFFIX
     os.makedirs(os.path.dirname(lock), exist_ok=True)
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -102,6 +103,8 @@ def locked(path: str) -> Iterator[None]:
         if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
             break
         os.close(fd)
+    for target in (path, state_path(path), backup_path(path)):
+        remove_temp_files(target)  # a writer killed mid-write left them; we hold the lock
     try:
         yield
     finally:
@@ -201,6 +204,38 @@ def write_file(path: str, data: bytes | None) -> None:
             os.unlink(path)
         return
     atomic_write(path, data, backup=False)
+
+
+def commit_file(
+    path: str,
+    old: bytes | None,
+    new: bytes | None,
+    state: FileState | None,
+    records: list[dict[str, Any]] | None = None,
+    created: list[str] | None = None,
+) -> tuple[FileState, list[str]]:
+    """Replace ``old`` (what ``path`` holds now) with ``new`` the safe way: the first time,
+    keep the original beside it (or note the directories made for it, ``created`` plus
+    any missing now); mark the file not pristine when someone else changed it since
+    nvshim wrote it; save the record first, then write. Returns the record and notes."""
+    notes = []
+    if state is None:
+        state = FileState(original_sha256=sha256(old))
+        if old is not None:
+            notes.append(f"original kept in {write_backup(path, old)}")
+    elif sha256(old) not in (state.written_sha256, state.original_sha256):
+        # someone else edited it since nvshim wrote it (the original itself is still
+        # pristine: a run stopped between recording and writing left it in place)
+        state.pristine = False
+    if old is None:
+        made = [*(created or []), *make_dirs(os.path.dirname(path))]
+        state.created_dirs += [d for d in made if d not in state.created_dirs]
+    state.written_sha256 = sha256(new)
+    if records is not None:
+        state.records = records
+    save_state(path, state)  # first: a crash before the write leaves a harmless record
+    write_file(path, new)
+    return state, notes
 
 
 def unified_diff(path: str, old: bytes | None, new: bytes | None) -> str:

@@ -354,7 +354,7 @@ def source_docs(s: Settings, main: Document, edited: list[Document]) -> list[Doc
                 return [dumped, *edited[1:]]
         elif source == "file":
             base = [_rendered(s.config)] if getattr(main, "template", False) else []
-            imported = imported_docs(s.config, main, skip=edited)
+            imported = imported_docs(s.config, main, skip=edited, root=s.host_root)
             return [*base, main, *imported, *edited[1:]]
     return edited
 
@@ -387,7 +387,7 @@ def check_shadowing(s: Settings, main: Document, version: int, deep: bool) -> No
     if deep:
         return
     plugin = CRI_PLUGIN[version]
-    for doc in imported_docs(s.config, main, skip=[]):
+    for doc in imported_docs(s.config, main, skip=[], root=s.host_root):
         if doc.get(plugin) is not MISSING:
             raise UsageError(
                 f"{doc.path} (imported by {s.config}) holds the {dotted(plugin)} table, which"
@@ -396,9 +396,14 @@ def check_shadowing(s: Settings, main: Document, version: int, deep: bool) -> No
             )
 
 
-def imported_docs(config: str, main: Document, skip: list[Document]) -> list[Document]:
+def imported_docs(
+    config: str, main: Document, skip: list[Document], root: str = "/"
+) -> list[Document]:
     """The files ``main``'s ``imports`` name, in containerd's order (each glob sorted,
-    relative to the main file's directory, imports of imports followed once)."""
+    relative to the main file's directory, imports of imports followed once). ``root``:
+    where containerd's ``/`` is seen from here (the paths in ``imports`` are its own)."""
+    from nvshim.host.rootpath import container_path, host_path
+
     seen = {os.path.abspath(config)} | {os.path.abspath(d.path) for d in skip}
     out: list[Document] = []
 
@@ -409,24 +414,26 @@ def imported_docs(config: str, main: Document, skip: list[Document]) -> list[Doc
         for pattern in patterns:
             if not isinstance(pattern, str) or not pattern:
                 continue
-            full = os.path.normpath(os.path.join(base, pattern))
+            full = host_path(root, os.path.normpath(os.path.join(base, pattern)))
             for path in sorted(glob.glob(full)) if glob.has_magic(full) else [full]:
                 if path in seen or not os.path.isfile(path):
                     continue
                 seen.add(path)
                 sub = TomlDoc(common.decode(path, common.read_bytes(path)), path)
                 out.append(sub)
-                follow(sub, os.path.dirname(path))
+                follow(sub, container_path(root, os.path.dirname(path)))
 
-    follow(main, os.path.dirname(os.path.abspath(config)))
+    follow(main, container_path(root, os.path.dirname(os.path.abspath(config))))
     return out
 
 
 def _covered_by_imports(main: Document, main_path: str, drop_in: str) -> bool:
+    """Whether ``imports`` of ``main`` already names ``drop_in`` (both as containerd sees
+    them)."""
     imports = main.get(("imports",))
     if not isinstance(imports, list):
         return False
-    base = os.path.dirname(os.path.abspath(main_path))
+    base = os.path.dirname(main_path)
     for pattern in imports:
         if isinstance(pattern, str) and pattern:
             full = os.path.normpath(os.path.join(base, pattern))
@@ -512,8 +519,9 @@ def plan(
     edits[drop_in] += runtime_edits(
         s, sources, sub_version, history.get(drop_in, []), warnings, deep
     )
-    if not _covered_by_imports(main, s.config, drop_in):
-        edits[s.config].append(Edit(("imports",), drop_in, kind="item", what=f"imported {drop_in}"))
+    shown = s.on_host(drop_in)  # the path containerd reads
+    if not _covered_by_imports(main, s.on_host(s.config), shown):
+        edits[s.config].append(Edit(("imports",), shown, kind="item", what=f"imported {shown}"))
     return edits, warnings
 
 
@@ -529,7 +537,7 @@ def claims(s: Settings, path: str, doc: Document) -> list[dict]:
                 "guess": True,
                 "kind": "item",
                 "keys": ["imports"],
-                "after": drop_in,
+                "after": s.on_host(drop_in),
             }
         ]
     cri = CRI_PLUGIN[config_version(doc)]

@@ -71,20 +71,29 @@ def send_sighup(s: Settings) -> str:
     return f"sent SIGHUP to {name} (pid {pid}), the owner of {s.socket}: {ON_SIGHUP[s.engine]}"
 
 
-def find_systemctl() -> str:
-    """Path of ``systemctl``; a clear error when there is none."""
+def find_systemctl(host_root: str = "/") -> list[str]:
+    """The command running ``systemctl`` (through ``chroot`` into ``host_root`` when that
+    is not ``/``: the engine's own systemd); a clear error when there is none."""
+    if host_root not in ("", "/"):
+        found = [d for d in ("/usr/bin", "/bin") if os.path.exists(f"{host_root}{d}/systemctl")]
+        if not found or shutil.which("chroot") is None:
+            raise NvshimError(
+                f"systemctl not found in {host_root}: use restart mode signal, or restart"
+                " the engine"
+            )
+        return ["chroot", host_root, f"{found[0]}/systemctl"]
     systemctl = shutil.which("systemctl")
     if systemctl is None:
         raise NvshimError("systemctl not found: use --restart signal, or restart the engine")
-    return systemctl
+    return [systemctl]
 
 
 def systemd_restart(s: Settings) -> str:
     """``systemctl restart <unit>``; return a sentence saying so."""
-    systemctl = find_systemctl()
+    systemctl = find_systemctl(s.host_root)
     try:
         done = subprocess.run(
-            [systemctl, "restart", s.unit], capture_output=True, text=True, timeout=300
+            [*systemctl, "restart", s.unit], capture_output=True, text=True, timeout=300
         )
     except subprocess.TimeoutExpired:
         raise NvshimError(f"systemctl restart {s.unit}: no answer after 300 s") from None

@@ -1,7 +1,9 @@
 """What a ``configure``/``unconfigure`` run does: options, environment and defaults merged.
 
-Precedence: command-line option, then ``NVSHIM_*`` variable, then the installer variable
-the GPU Operator uses (``CONTAINERD_CONFIG`` ...), then the default.
+Precedence: command-line option, then ``NVSHIM_*`` variable, then the installer variables
+the GPU Operator uses (``RUNTIME_CONFIG``, ``CONTAINERD_CONFIG`` ...; FACTS §10, first
+found wins), then the default. Booleans from the GPU Operator's variables follow Go's
+``ParseBool``; ``NVSHIM_*`` ones also take yes/no/on/off.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ ENV: dict[str, dict[str, tuple[str, ...]]] = {
     "runtime_path": {"*": ("NVSHIM_RUNTIME_PATH",)},
     "enable_cdi": {"*": ("NVSHIM_ENABLE_CDI", "RUNTIME_ENABLE_CDI")},
     "drop_in": {"containerd": ("NVSHIM_CONTAINERD_DROP_IN",)},
-    "restart": {"*": ("NVSHIM_RESTART",)},
+    "restart": {"*": ("NVSHIM_RESTART", "RUNTIME_RESTART_MODE")},
     "containerd_version": {"*": ("NVSHIM_CONTAINERD_VERSION",)},
     # the GPU Operator's toolkit installer names (FACTS: its environment)
     "config_source": {
@@ -86,9 +88,12 @@ CGROUP_DRIVERS = ("systemd", "cgroupfs")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 _ENGINE_OWN_RUNTIMES = ("runc", "crun")
-# Go's ParseBool (the GPU Operator's installer) and the usual words
+# the usual words (NVSHIM_* variables), and Go's strconv.ParseBool exactly (the GPU
+# Operator's variables)
 _TRUE = ("1", "t", "true", "yes", "on")
 _FALSE = ("0", "f", "false", "no", "off", "")
+GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 _BOOLEANS = ("set_as_default", "enable_cdi", "take_over")
 
 
@@ -111,6 +116,7 @@ class Settings:
     runtime_config_override: str | None = None  # JSON object merged into the options
     take_over: bool = False  # re-point a reference `nvidia` entry at nvshim-runtime
     cgroup_driver: str | None = None  # systemd/cgroupfs; None: detected from the host
+    host_root: str = "/"  # the engine's root filesystem as seen here (`nvshim node`)
 
     def cgroup_driver_or_host(self) -> str:
         """``cgroup_driver``, else the host's (for a runtime with nothing to copy)."""
@@ -128,6 +134,15 @@ class Settings:
         """The systemd unit of the engine."""
         return SYSTEMD_UNIT[self.engine]
 
+    def on_host(self, path: str) -> str:
+        """``path`` (as seen here, under ``host_root``) as the engine sees it."""
+        from nvshim.host.rootpath import container_path
+
+        try:
+            return container_path(self.host_root, path)
+        except ValueError:
+            return path
+
 
 def host_cgroup_driver(root: str = "/") -> str:
     """``systemd`` when systemd runs the host (kubelet and the engines then use its cgroup
@@ -135,7 +150,7 @@ def host_cgroup_driver(root: str = "/") -> str:
     return "systemd" if os.path.isdir(os.path.join(root, "run/systemd/system")) else "cgroupfs"
 
 
-def _from_env(setting: str, engine: str, env: Mapping[str, str]) -> tuple[str, str] | None:
+def from_env(setting: str, engine: str, env: Mapping[str, str]) -> tuple[str, str] | None:
     table = ENV[setting]
     for name in table.get(engine, ()) + table.get("*", ()):
         if name in env:
@@ -143,13 +158,19 @@ def _from_env(setting: str, engine: str, env: Mapping[str, str]) -> tuple[str, s
     return None
 
 
-def _bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
+def parse_bool(name: str, raw: str) -> bool:
+    """A boolean variable: Go ``ParseBool`` spellings; ``NVSHIM_*`` also yes/no/on/off."""
+    if raw in GO_TRUE:
         return True
-    if value in _FALSE:
+    if raw in GO_FALSE:
         return False
-    raise UsageError(f"{name}={raw!r}: expected true or false")
+    if name.startswith("NVSHIM_"):
+        value = raw.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+    raise UsageError(f"{name}={raw!r}: expected a boolean (1, t, true, TRUE, 0, f, false ...)")
 
 
 def resolve_settings(
@@ -158,7 +179,7 @@ def resolve_settings(
     """Merge command-line ``options`` (``None`` = not given) with ``env`` and defaults."""
     env = os.environ if env is None else env
     if engine is None:
-        found = _from_env("engine", "*", env)
+        found = from_env("engine", "*", env)
         if found is None:
             raise UsageError("--runtime is required (containerd, docker or crio)")
         engine = found[1]
@@ -175,12 +196,12 @@ def resolve_settings(
             values[setting] = given
             sources[setting] = "--" + setting.replace("_", "-")
             continue
-        found = _from_env(setting, engine, env)
+        found = from_env(setting, engine, env)
         if found is None:
             continue
         name, raw = found
         sources[setting] = name
-        values[setting] = _bool(name, raw) if setting in _BOOLEANS else raw
+        values[setting] = parse_bool(name, raw) if setting in _BOOLEANS else raw
     values.setdefault("config", DEFAULT_CONFIG[engine])
     values.setdefault("socket", DEFAULT_SOCKET[engine])
     for flag in ("dry_run",):

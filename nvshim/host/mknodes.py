@@ -90,3 +90,15 @@ def create_nodes(dev_root: str, nodes: list[Node], dry_run: bool = False) -> lis
         verb = "would create" if dry_run else "created"
         lines.append(f"{path}: {verb} ({node.major}:{node.minor}, mode 0666)")
     return lines
+
+
+def create_missing(
+    driver_root: str, dev_root: str, control: bool, dry_run: bool = False
+) -> list[str]:
+    """Create the nodes of every GPU NVML reports under ``driver_root`` (and the control
+    nodes) that ``dev_root`` lacks; one line per node."""
+    from nvshim.host import files, nvml
+
+    library = nvml.find_library(driver_root, files.read_ld_cache(driver_root, []))
+    minors = [g.minor for g in nvml.query(library).gpus]
+    return create_nodes(dev_root, wanted_nodes(dev_root, minors, control), dry_run)

@@ -53,6 +53,15 @@ done
 """
 
 
+def _bind_lines(binds: dict[str, str]) -> str:
+    import shlex
+
+    return "".join(
+        f"mount --bind {shlex.quote(os.fspath(src))} {shlex.quote(os.fspath(dst))} || exit 96\n"
+        for src, dst in binds.items()
+    )
+
+
 def peer_pid(sock_path: str | os.PathLike) -> int:
     """PID of the process listening on the unix socket ``sock_path`` (SO_PEERCRED)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -141,14 +150,17 @@ class PrivateContainerd:
 
 @contextlib.contextmanager
 def private_containerd(
-    tmp_path: str | os.PathLike, config_text_or_path: str | os.PathLike
+    tmp_path: str | os.PathLike,
+    config_text_or_path: str | os.PathLike,
+    binds: dict[str, str] | None = None,
 ) -> Iterator[PrivateContainerd]:
     """Start a supervised containerd on ``config_text_or_path``; stop it on exit.
 
     A ``str`` is configuration text (written to ``<tmp>/containerd/config.toml``); a
     ``pathlib.Path`` is a file used in place, so a test can edit it and restart the daemon.
     Root, state and socket are private to ``tmp_path`` (given as command-line flags, so the
-    file itself is never rewritten).
+    file itself is never rewritten). ``binds`` (source -> target) are bind-mounted in the
+    daemon's mount namespace, so it sees a scratch host's directory at a host path.
     """
     if shutil.which("containerd") is None or shutil.which("unshare") is None:
         raise RuntimeError("containerd and unshare are needed (tests/setup.sh installs them)")
@@ -177,7 +189,8 @@ def private_containerd(
         _INNER_SOCKET,
     ]
     proc = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _SUPERVISOR, "sh"]
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c"]
+        + [_bind_lines(binds or {}) + _SUPERVISOR, "sh"]
         + [str(run_dir), str(stop_file), str(log_path), str(os.getpid()), *daemon],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

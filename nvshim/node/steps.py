@@ -1,0 +1,301 @@
+"""The installer's steps, each safe to repeat after a crash, and their undo.
+
+Order on install: discovery and the sharing config's check (nothing written yet),
+nvshim's files on the host, its config (and the sharing config), the CDI spec, then the
+engine (configure, restart). Uninstall runs the other way. One
+installer at a time per node: :func:`node_lock` holds the pid file locked for the
+installer's whole life, so a second pod on the node waits until the first one is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+
+from nvshim.errors import NvshimError
+from nvshim.node import placed
+from nvshim.node.env import NodeSettings
+
+Say = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def node_lock(
+    s: NodeSettings, say: Say, stop: Callable[[], bool] = lambda: False
+) -> Iterator[bool]:
+    """Hold the node's pid file locked (our pid in it) and remove it on release. Waits
+    while another installer holds it; yields False when ``stop()`` turned true first."""
+    from nvshim.engines.common import make_dirs, remove_empty_dirs
+
+    path = s.here(s.pid_file)
+    waited = False
+    created: list[str] = []
+    while True:
+        created += [d for d in make_dirs(os.path.dirname(path)) if d not in created]
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except FileNotFoundError:  # the holder before us just removed its directory
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            if not waited:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                say(f"another nvshim installer (pid {holder}) holds {path}; waiting for it")
+                waited = True
+            os.close(fd)
+            if stop():
+                yield False
+                return
+            time.sleep(0.2)
+            continue
+        # the holder before us may have removed the file: then lock the new one instead
+        with contextlib.suppress(FileNotFoundError):
+            now = os.stat(path, follow_symlinks=False)
+            mine = os.fstat(fd)
+            if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+        remove_empty_dirs(created)
+
+
+def install_files(s: NodeSettings) -> list[str]:
+    """Put nvshim on the host at the prefix (the running bundle, relocated; launchers from
+    a plain install), and the OCI hook file in CRI-O hook mode: ``nvshim.install``."""
+    from nvshim.install import install_host
+
+    return install_host(s.host_root, s.prefix, hooks_dir=s.hooks_dir)
+
+
+def host_config_text(s: NodeSettings, sharing_host_path: str | None) -> bytes:
+    """nvshim's config for the host: the mounted config (or the host's own), with the
+    paths the installer knows and the policy variables set."""
+    import tomlkit
+
+    if s.node_config:
+        base = _read(s.node_config)
+    else:
+        base = (placed.original(s.here(s.host_config)) or b"").decode()
+    doc = tomlkit.parse(base)
+    values = {
+        ("host", "driver-root"): s.driver_root,
+        ("host", "dev-root"): s.dev_root,
+        ("runtime", "hook-path"): s.hook_path,
+    }
+    if sharing_host_path:
+        values[("sharing", "config")] = sharing_host_path
+    for key, value in s.policy.items():
+        values[("runtime" if key == "runtimes" else "policy", key)] = value
+    for (section, key), value in values.items():
+        if section not in doc:
+            doc[section] = tomlkit.table()
+        doc[section][key] = value
+    return tomlkit.dumps(doc).encode()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise NvshimError(f"{path}: cannot read: {getattr(err, 'strerror', err)}") from None
+
+
+def check_inputs(s: NodeSettings) -> None:
+    """Refuse bad mounted files before anything is changed."""
+    from nvshim.mps.sharing import check_sharing
+
+    config = host_side_config(s)  # parses the mounted config.toml
+    if s.sharing_config:
+        if not os.path.isfile(s.sharing_config):
+            raise NvshimError(f"{s.sharing_config}: sharing config not found")
+        check_sharing(config)
+
+
+def host_configs(s: NodeSettings) -> tuple[str, str]:
+    """Host paths of nvshim's config and of the sharing config it names."""
+    from nvshim.config import DEFAULTS, parse_config
+
+    sharing = str(DEFAULTS["sharing"]["config"])
+    if s.node_config:
+        sharing = parse_config(_read(s.node_config).encode(), s.node_config).get(
+            "sharing", "config"
+        )
+    return s.host_config, sharing
+
+
+def write_configs(s: NodeSettings, say: Say) -> None:
+    config_path, sharing_path = host_configs(s)
+    if s.sharing_config:
+        with open(s.sharing_config, "rb") as fh:
+            say(placed.place(s.here(sharing_path), fh.read()))
+    text = host_config_text(s, sharing_path if s.sharing_config else None)
+    say(placed.place(s.here(config_path), text))
+
+
+def discover(s: NodeSettings):
+    """The host through the installer's paths (for NVML, MPS binaries)."""
+    from nvshim.host.discover import discover_host
+
+    return discover_host(s.driver_root_ctr, s.dev_root_ctr)
+
+
+def host_side_config(s: NodeSettings):
+    """nvshim's config as the host will read it (the mounted one, or defaults), with the
+    mounted sharing config to read here."""
+    from nvshim.config import Config, default_values, parse_config
+
+    if s.node_config:
+        values = parse_config(_read(s.node_config).encode(), s.node_config).values
+    else:
+        values = default_values()
+    values["sharing"]["config"] = s.sharing_config or ""
+    return Config(values, s.node_config)
+
+
+def create_device_nodes(s: NodeSettings, say: Say) -> None:
+    """CREATE_DEVICE_NODES=control: the GPUs' and control device nodes the host lacks
+    (``nvshim system create-device-nodes --control-devices``'s code). They stay on the
+    host after uninstall, as device nodes the driver would make."""
+    from nvshim.host.mknodes import create_missing
+
+    for line in create_missing(s.driver_root_ctr, s.dev_root_ctr, True):
+        say(line)
+
+
+def write_cdi(s: NodeSettings, say: Say, host) -> None:
+    """The CDI spec (devices by index and by UUID, plus ``all``) naming host paths, and
+    with an MPS sharing config the shared devices' spec (class ``gpu.shared``)."""
+    from nvshim.cdi.writer import build_spec, dump_spec
+    from nvshim.mps.sharing import sharing_for
+    from nvshim.node.hostview import rebase_host
+    from nvshim.policy.capabilities import parse_capabilities
+
+    view = rebase_host(host, (s.driver_root_ctr, s.driver_root), (s.dev_root_ctr, s.dev_root))
+    config = host_side_config(s)
+    caps = parse_capabilities(None, str(config.get("policy", "default-capabilities")), [])
+    strategies = ("index", "uuid")
+    spec = build_spec(
+        view, caps, s.hook_path, vendor=s.cdi_vendor, cls=s.cdi_class, strategies=strategies
+    )
+    say(placed.place(s.here(s.cdi_spec), dump_spec(spec, "yaml").encode()))
+    if s.sharing_config and sharing_for(config, view):
+        from nvshim.mps.cdi import shared_spec
+
+        shared = shared_spec(
+            view,
+            config,
+            caps,
+            s.hook_path,
+            vendor=s.cdi_vendor,
+            strategies=strategies,
+            daemon_check_hook=True,
+        )
+        say(placed.place(s.here(s.cdi_shared_spec), dump_spec(shared, "yaml").encode()))
+
+
+def configure_engine(s: NodeSettings, say: Say) -> None:
+    """Register the runtime (``nvshim configure``'s code) and make the engine reload; a
+    rerun after a crash that wrote the config but never restarted restarts now."""
+    from nvshim.engines.apply import configure
+    from nvshim.engines.restart import restart
+
+    if s.engine is None:
+        say("engine configuration skipped (NO_RUNTIME_CONFIG or CRI-O hook mode)")
+        return
+    report = configure(s.engine)
+    for line in report.lines:
+        say(line)
+    if not report.changed:
+        say(restart(s.engine))
+
+
+def unconfigure_engine(s: NodeSettings, say: Say) -> None:
+    from nvshim.engines.apply import unconfigure
+
+    if s.engine is None:
+        return
+    for line in unconfigure(s.engine).lines:
+        say(line)
+
+
+def preflight(s: NodeSettings) -> None:
+    """Refuse bad mounted files, and a restart that cannot happen, before any change."""
+    from nvshim.engines.restart import find_systemctl, socket_owner
+
+    check_inputs(s)
+    if s.engine is not None and s.engine.restart == "signal":
+        socket_owner(s.engine.socket)
+    elif s.engine is not None and s.engine.restart == "systemd":
+        find_systemctl(s.engine.host_root)
+
+
+def install(s: NodeSettings, say: Say) -> object:
+    """Every install step (after :func:`preflight`); returns the discovered host
+    (installer view) or None. Discovery and the sharing config's check against the
+    host come first: a failure there changes nothing."""
+    if s.create_device_nodes:
+        create_device_nodes(s, say)
+    host = None
+    if s.cdi_enabled or s.sharing_config:
+        host = discover(s)
+        for warning in host.warnings:
+            say(f"warning: {warning}")
+    if s.sharing_config:
+        from nvshim.mps.sharing import check_sharing
+
+        for warning in check_sharing(host_side_config(s), host):
+            say(f"warning: {warning}")
+    for path in install_files(s):
+        say(f"installed {path}")
+    write_configs(s, say)
+    if s.cdi_enabled:
+        write_cdi(s, say, host)
+    configure_engine(s, say)
+    return host
+
+
+def uninstall(s: NodeSettings, say: Say) -> list[str]:
+    """Undo :func:`install`; every step runs even when one before failed. Returns the
+    failures (one line each)."""
+    from nvshim.install import uninstall_host
+
+    failures: list[str] = []
+
+    def step(action: Callable[[], None]) -> None:
+        try:
+            action()
+        except (NvshimError, OSError) as err:
+            failures.append(str(err))
+            say(f"error: {err}")
+
+    def take_back(path: str) -> None:
+        line = placed.take_back(s.here(path))
+        if line:
+            say(line)
+
+    step(lambda: unconfigure_engine(s, say))
+    if not s.keep:
+        step(lambda: take_back(s.cdi_spec))
+        step(lambda: take_back(s.cdi_shared_spec))
+    config_path, sharing_path = host_configs(s)
+    step(lambda: take_back(config_path))
+    step(lambda: take_back(sharing_path))
+    if not s.keep:
+        step(lambda: [say(f"removed {p}") for p in uninstall_host(s.host_root, s.prefix)])
+    return failures

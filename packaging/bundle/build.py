@@ -128,6 +128,18 @@ def bundle_libraries(out: str) -> str:
     return loader
 
 
+def check_search_paths(out: str) -> None:
+    """Refuse a bundle whose libraries search absolute paths outside it (an interpreter
+    built into a home directory, such as pyenv's, bakes its build paths in)."""
+    for path in elf_files(out):
+        for entry in run("patchelf", "--print-rpath", path).strip().split(":"):
+            if entry.startswith("/") and not entry.startswith(out + os.sep):
+                sys.exit(
+                    f"build: {os.path.relpath(path, out)} searches {entry} for libraries; "
+                    "bundle a system interpreter (--python /usr/bin/python3)"
+                )
+
+
 def tree_digest(out: str) -> str:
     """A digest of every file's path and bytes: the bundle's build id."""
     digest = hashlib.sha256()
@@ -155,6 +167,7 @@ def build(out: str, prefix: str, python: str) -> None:
     stdlib = copy_stdlib(python, work)
     install_packages(work)
     loader = bundle_libraries(work)
+    check_search_paths(work)
     run("patchelf", "--set-interpreter", INTERP_SLOT, "--force-rpath",
         "--set-rpath", RPATH_SLOT, interpreter)  # fmt: skip
     # Hash-checked-never .pyc: the tree is read-only once installed, and mtimes change

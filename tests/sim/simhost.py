@@ -106,8 +106,10 @@ def _ldconfig() -> str:
 def run_ldconfig(driver_root: str) -> None:
     """Make ``etc/ld.so.cache`` and the SONAME links with the real ``ldconfig -r``."""
     os.makedirs(os.path.join(driver_root, "var/cache/ldconfig"), exist_ok=True)
+    # -i: ldconfig's aux cache (keyed by inode, size and ctime seconds) would hand a new
+    # same-sized stub that reuses a just-freed inode the old file's SONAME
     proc = subprocess.run(
-        [_ldconfig(), "-r", driver_root], capture_output=True, text=True, check=False
+        [_ldconfig(), "-i", "-r", driver_root], capture_output=True, text=True, check=False
     )
     if proc.returncode != 0:
         msg = " ".join(proc.stderr.split())

@@ -20,6 +20,7 @@ from tests.conftest import run_nvshim
 from tests.cri_util import configure_containerd, cri_ready_config
 from tests.engines.containerd_instance import PrivateContainerd, private_containerd
 from tests.engines.corpus_cases import CORPUS
+from tests.sharing_util import mixed_sharing
 from tests.sim import fake_mps_control
 from tests.sim.simhost import SimHost, build_host
 from tests.sim.topology import HOSTS_DIR
@@ -34,7 +35,30 @@ def raw_topology(name: str) -> dict:
 V16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
 RDMA_CHECKS = {"gpudirect-rdma", "gpu-nic-affinity"}  # no RDMA devices: tests/test_pairing.py
 SKIPPED_WHEN_HEALTHY = {"fabric-manager", "oci-hook"} | RDMA_CHECKS  # no NVSwitch; runtime mode
-SHARED = {"single": "0", "h100x8-mig": "1", "a100-mig-1g5gb": "0:2"}
+# MPS on every whole GPU; mixed leaves GPUs in MIG mode out (MPS is refused on them)
+MPS_WHOLE_GPUS = mixed_sharing("mps", {"nvidia.com/gpu": 2})
+# every GPU in MIG mode: its MIG devices time-sliced, no MPS daemon to supervise
+TIME_SLICED_MIG = mixed_sharing("timeSlicing", {"nvidia.com/mig-1g.5gb": 2})
+SHARING = {
+    "single": MPS_WHOLE_GPUS,
+    "h100x8-mig": MPS_WHOLE_GPUS,
+    "a100-mig-1g5gb": TIME_SLICED_MIG,
+}
+# what the sharing checks of each healthy node say
+HEALTHY_SHARING = {
+    "single": {
+        "sharing-config": ("ok", "1 shared device(s) (mps)"),
+        "mps-daemons": ("ok", "1 daemon(s) running and answering"),
+    },
+    "h100x8-mig": {  # GPUs 0-5; 6 and 7 are in MIG mode
+        "sharing-config": ("ok", "6 shared device(s) (mps)"),
+        "mps-daemons": ("ok", "6 daemon(s) running and answering"),
+    },
+    "a100-mig-1g5gb": {
+        "sharing-config": ("ok", "7 shared device(s) (timeSlicing)"),
+        "mps-daemons": ("skip", "no MPS-shared device"),
+    },
+}
 
 
 def _stock_config(path: Path, scratch: Path) -> Path:
@@ -61,6 +85,16 @@ class Node:
     base: Path
     config: Path
     ctd: PrivateContainerd
+    skipped: frozenset[str]  # the checks the healthy node skips
+
+    def assert_only(self, results: dict, expected: dict[str, str], skipped=None) -> None:
+        """``expected`` checks have their status; every other check is ok (or skipped when
+        healthy, or in ``skipped``)."""
+        skipped = self.skipped if skipped is None else skipped
+        for name, (status, reason) in results.items():
+            want = expected.get(name, "skip" if name in skipped else "ok")
+            assert status == want, f"{name}: {status} ({reason}), expected {want}"
+        assert set(expected) <= set(results)
 
     @property
     def cdi_dir(self) -> Path:
@@ -119,13 +153,6 @@ def _write_config(node_dir: Path, sim: SimHost, sharing: str) -> Path:
     return config
 
 
-def _sharing(device: str) -> str:
-    return (
-        "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
-        f'      replicas: 2\n      devices: ["{device}"]\n'
-    )
-
-
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory, containerd):
     """``get(name)``: a healthy node on simulated host ``name`` (built once per module):
@@ -143,7 +170,14 @@ def nodes(tmp_path_factory, containerd):
             if gpu.get("numa_node") == -1:
                 gpu["numa_node"] = 0
         sim = build_host(topo, str(base / "host"), extra_files=fake_mps_control.extra_files())
-        node = Node(sim, base, _write_config(base, sim, _sharing(SHARED[name])), containerd)
+        skipped = {c for c, (status, _) in HEALTHY_SHARING[name].items() if status == "skip"}
+        node = Node(
+            sim,
+            base,
+            _write_config(base, sim, SHARING[name]),
+            containerd,
+            frozenset(SKIPPED_WHEN_HEALTHY | skipped),
+        )
         node.cdi_dir.mkdir()
         node.hooks_dir.mkdir()
         for args in (
@@ -169,19 +203,14 @@ def nodes(tmp_path_factory, containerd):
         _cleanup(MpsHost(node.sim, None, str(node.config), str(node.base / "mps")))
 
 
-def _assert_only(results: dict, expected: dict[str, str], skipped=SKIPPED_WHEN_HEALTHY) -> None:
-    """``expected`` checks have their status; every other check is ok (or a known skip)."""
-    for name, (status, reason) in results.items():
-        want = expected.get(name, "skip" if name in skipped else "ok")
-        assert status == want, f"{name}: {status} ({reason}), expected {want}"
-    assert set(expected) <= set(results)
-
-
 @pytest.mark.parametrize("name", ["single", "h100x8-mig", "a100-mig-1g5gb"])
 def test_healthy_node_is_all_ok(nodes, name):
-    code, results = nodes(name).doctor()
-    _assert_only(results, {})
+    node = nodes(name)
+    code, results = node.doctor()
+    node.assert_only(results, {})
     assert code == 0
+    for check, want in HEALTHY_SHARING[name].items():
+        assert results[check] == want
     assert (
         "fabric-manager" in results and results["fabric-manager"][1] == "no NVSwitch on this node"
     )
@@ -230,7 +259,7 @@ def test_device_node_faults_fail_device_nodes(nodes, name, node, rdev, expected)
         node = "/dev/nvidia-caps/" + host.sim.mig_cap_names(host.sim.mig_uuids()[0])[1]
     with replaced_node(host.dev(node), rdev):
         code, results = host.doctor()
-    _assert_only(results, {"device-nodes": "fail"})
+    host.assert_only(results, {"device-nodes": "fail"})
     assert expected in results["device-nodes"][1]
     assert code == 1
 
@@ -241,7 +270,7 @@ def test_stale_cdi_spec_fails_cdi_spec(nodes, tmp_path):
     # the spec of the driver before an upgrade: its libraries are gone from this host
     (tmp_path / "nvidia.yaml").write_text(text.replace(node.sim.driver_version, "545.23.06"))
     code, results = node.doctor(cdi_dir=tmp_path)
-    _assert_only(results, {"cdi-spec": "fail"})
+    node.assert_only(results, {"cdi-spec": "fail"})
     assert "is stale" in results["cdi-spec"][1] and "545.23.06" in results["cdi-spec"][1]
     assert code == 1
 
@@ -287,7 +316,7 @@ def test_engine_faults(
         if not started_after_configure:
             configure_containerd(config, binary)  # no --restart
         code, results = node.doctor(engine_config=str(config), socket=ctd.socket)
-    _assert_only(results, {failing: "fail"})
+    node.assert_only(results, {failing: "fail"})
     assert expected in results[failing][1]
     assert code == 1
 
@@ -320,7 +349,7 @@ def test_broken_sharing_file_fails_sharing_config(nodes, tmp_path):
     config = tmp_path / "config.toml"
     config.write_text(text)
     code, results = node.doctor(config=config)
-    _assert_only(results, {"sharing-config": "fail"}, SKIPPED_WHEN_HEALTHY | {"mps-daemons"})
+    node.assert_only(results, {"sharing-config": "fail"}, node.skipped | {"mps-daemons"})
     assert str(tmp_path / "s.yaml") in results["sharing-config"][1]
     assert results["mps-daemons"] == (
         "skip",
@@ -331,14 +360,15 @@ def test_broken_sharing_file_fails_sharing_config(nodes, tmp_path):
 
 def test_killed_mps_daemon_fails_mps_daemons(nodes):
     node = nodes("h100x8-mig")
-    uuid = node.sim.gpu_uuids()[int(SHARED["h100x8-mig"])]
+    uuid = node.sim.gpu_uuids()[1]
     pid_file = node.base / "mps" / uuid / "pipe" / "nvidia-cuda-mps-control.pid"
     os.kill(int(pid_file.read_text()), signal.SIGKILL)
     try:
         code, results = node.doctor()
     finally:
-        assert node.nvshim("mps", "start").returncode == 0
-    _assert_only(results, {"mps-daemons": "fail"})
+        proc = node.nvshim("mps", "start")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    node.assert_only(results, {"mps-daemons": "fail"})
     assert "device 1: stale pid file" in results["mps-daemons"][1]
     assert code == 1
     assert node.doctor()[0] == 0  # started again: healthy
@@ -353,7 +383,7 @@ def test_numa_node_minus_one_warns(nodes):
         code, results = node.doctor()
     finally:
         path.write_text("0\n")
-    _assert_only(results, {"numa-node": "warn"})
+    node.assert_only(results, {"numa-node": "warn"})
     assert "numa_node -1" in results["numa-node"][1]
     assert code == 0  # a warning: pods still run
 
@@ -408,12 +438,12 @@ def test_prestart_hook_file_is_checked_and_cgroup_v2_fails_it(nodes, launchers):
     cgroup = Path(node.dev("/sys/fs/cgroup"))
     try:
         code, results = node.doctor()
-        _assert_only(results, {"fabric-manager": "skip"}, RDMA_CHECKS)
+        node.assert_only(results, {"fabric-manager": "skip"}, RDMA_CHECKS)
         assert results["oci-hook"][1].endswith(f"-> {bin_dir}/nvshim-hook")
         cgroup.mkdir(parents=True)
         (cgroup / "cgroup.controllers").write_text("cpu memory pids\n")
         code, results = node.doctor()
-        _assert_only(results, {"fabric-manager": "skip", "cgroup": "fail"}, RDMA_CHECKS)
+        node.assert_only(results, {"fabric-manager": "skip", "cgroup": "fail"}, RDMA_CHECKS)
         assert "cannot add device rules" in results["cgroup"][1]
         assert code == 1
     finally:

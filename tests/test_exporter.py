@@ -18,18 +18,13 @@ from nvshim.errors import UsageError
 from tests.conftest import NVSHIM, run_nvshim
 from tests.podman_util import make_busybox_rootfs
 from tests.runc_util import make_bundle, runc_run
+from tests.sharing_util import mixed_sharing
 from tests.sim import fake_mps_control
 from tests.sim.simhost import build_host
 from tests.test_mps_daemon import MpsHost, _cleanup
 
-SHARING = """version: v1
-sharing:
-  mps:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 2
-      devices: [0, 1]
-"""
+# MPS on every whole GPU (0-5); mixed leaves GPUs 6 and 7, in MIG mode, out
+SHARING = mixed_sharing("mps", {"nvidia.com/gpu": 2})
 
 
 def free_port() -> int:
@@ -146,8 +141,11 @@ def test_scraped_metrics_match_what_happened(node, tmp_path, launchers):
         value("nvshim_containers_total", again, **runtime_tool, decision="injected", source="env")
         == 3
     )
-    assert value("nvshim_mps_daemon_up", device="0", uuid=node.sim.gpu_uuids()[0]) == 1
-    assert value("nvshim_mps_daemon_up", device="1", uuid=gpu1) == 0
+    up = {labels: v for (sample, labels), v in metrics.items() if sample == "nvshim_mps_daemon_up"}
+    uuids = node.sim.gpu_uuids()
+    assert up == {
+        (("device", str(i)), ("uuid", uuids[i])): 0 if i == 1 else 1 for i in range(6)
+    }  # GPU 1's daemon down, none for the GPUs in MIG mode
     assert value("nvshim_doctor_check", check="mps-daemons", status="fail") == 1
     assert value("nvshim_doctor_check", check="driver", status="ok") == 1
     assert value("nvshim_doctor_healthy") == 0

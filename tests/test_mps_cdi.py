@@ -15,19 +15,14 @@ from nvshim.launch import HOOK_ENV
 from nvshim.mps.cdi import shared_spec
 from tests.conftest import run_nvshim
 from tests.podman_util import make_busybox_rootfs, podman_run
+from tests.sharing_util import mixed_sharing
 from tests.sim import fake_mps_control
 from tests.sim.simhost import build_host
 
 GPU1 = "GPU-9d9231cf-dcd5-4b0e-0f9d-e8a86f92f3cc"
 GPU3 = "GPU-4998f9d2-f279-514d-1035-17bd5c4caca3"
 # mixed: GPUs 0-5 are nvidia.com/gpu and MPS-shared; 6 and 7 are MIG devices, not shared
-SHARING = """version: v1
-flags: {migStrategy: mixed}
-sharing:
-  mps:
-    resources:
-    - {name: nvidia.com/gpu, replicas: 4}
-"""
+SHARING = mixed_sharing("mps", {"nvidia.com/gpu": 4})
 
 
 @pytest.fixture(scope="module")

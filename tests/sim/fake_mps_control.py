@@ -50,7 +50,14 @@ def _live_pid(pipe_dir):
             pid = int(fh.read().strip())
     except (OSError, ValueError):
         return None
-    return pid if os.path.exists(f"/proc/{pid}") else None
+    # a killed daemon left as a zombie (an init that does not reap orphans) is gone, as the
+    # real one's lock is
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            state = fh.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+    return None if state in ("Z", "X", "x") else pid
 
 
 def _socket_path(dir_fd):

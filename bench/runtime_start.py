@@ -35,7 +35,7 @@ def _start_once(
     work = os.path.join(work_root, f"run-{name}")
     rootfs = os.path.join(work, "rootfs")
     shutil.copytree(golden, rootfs, symlinks=True)
-    extra = {"NVIDIA_VISIBLE_DEVICES": request} if request else {}
+    extra = {"NVIDIA_VISIBLE_DEVICES": request} if isinstance(request, str) else request or {}
     bundle = make_bundle(work, rootfs, ["/bin/true"], env=extra, annotations=annotations)
     state = os.path.join(work, "state")
     command = [*prefix, binary, "--root", state, "run", "--bundle", bundle, name]

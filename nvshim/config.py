@@ -49,6 +49,17 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "mps-root": "/run/nvshim/mps",
         "on-daemon-down": "fail",
     },
+    "pairing": {  # GPU-NIC pairing for GPUDirect RDMA (nvshim.policy.pairing)
+        "enabled": False,
+        "request-sources": ["annotation", "env"],
+        "nics": [],
+        "worst-affinity": "PXB",
+        "on-no-nic": "fail",
+        "exclusive": False,
+        "netdev-handover": False,
+        "netdev-name": "",
+        "move-physical": [],
+    },
 }
 
 

@@ -30,7 +30,7 @@ def import_roots() -> list[str]:
     import importlib.util
 
     roots: list[str] = []
-    for name in ("nvshim", "pynvml", "yaml", "tomlkit", "click"):
+    for name in ("nvshim", "pynvml", "yaml", "tomlkit", "click", "pyroute2"):
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.origin:
             continue

@@ -341,13 +341,22 @@ def in_private_mount_ns(fn) -> dict[str, Any]:
     with it). Returns ``{"ok": result}`` (JSON data) or ``{"error": "Type: message"}``."""
     from nvshim.hook import kernel
 
+    def private_mounts() -> None:
+        kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+
+    return in_forked_child(fn, private_mounts)
+
+
+def in_forked_child(fn, setup) -> dict[str, Any]:
+    """``setup()`` then ``fn()`` in a forked child; ``{"ok": result}`` (JSON data) or
+    ``{"error": "Type: message"}``."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         try:
             try:
-                kernel.unshare(kernel.CLONE_NEWNS)
-                kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+                setup()
                 reply = json.dumps({"ok": fn()})
             except BaseException as err:  # noqa: BLE001
                 reply = json.dumps({"error": f"{type(err).__name__}: {err}"})

@@ -33,7 +33,8 @@ def raw_topology(name: str) -> dict:
 
 
 V16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
-SKIPPED_WHEN_HEALTHY = {"fabric-manager", "oci-hook"}  # no NVSwitch; runtime mode
+RDMA_CHECKS = {"gpudirect-rdma", "gpu-nic-affinity"}  # no RDMA devices: tests/test_pairing.py
+SKIPPED_WHEN_HEALTHY = {"fabric-manager", "oci-hook"} | RDMA_CHECKS  # no NVSwitch; runtime mode
 # MPS on every whole GPU; mixed leaves GPUs in MIG mode out (MPS is refused on them)
 MPS_WHOLE_GPUS = mixed_sharing("mps", {"nvidia.com/gpu": 2})
 # every GPU in MIG mode: its MIG devices time-sliced, no MPS daemon to supervise
@@ -437,12 +438,12 @@ def test_prestart_hook_file_is_checked_and_cgroup_v2_fails_it(nodes, launchers):
     cgroup = Path(node.dev("/sys/fs/cgroup"))
     try:
         code, results = node.doctor()
-        node.assert_only(results, {"fabric-manager": "skip"}, set())
+        node.assert_only(results, {"fabric-manager": "skip"}, RDMA_CHECKS)
         assert results["oci-hook"][1].endswith(f"-> {bin_dir}/nvshim-hook")
         cgroup.mkdir(parents=True)
         (cgroup / "cgroup.controllers").write_text("cpu memory pids\n")
         code, results = node.doctor()
-        node.assert_only(results, {"fabric-manager": "skip", "cgroup": "fail"}, set())
+        node.assert_only(results, {"fabric-manager": "skip", "cgroup": "fail"}, RDMA_CHECKS)
         assert "cannot add device rules" in results["cgroup"][1]
         assert code == 1
     finally:

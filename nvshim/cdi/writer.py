@@ -45,12 +45,13 @@ def build_spec(
     cls: str = "gpu",
     strategies: Sequence[str] = ("index",),
     extra_device_edits: dict[str, ContainerEdits] | None = None,
+    all_edits: ContainerEdits | None = None,
     all_device: bool = True,
 ) -> dict[str, Any]:
     """A CDI spec: spec-level edits for what every device needs, each device its own nodes,
     and an ``all`` device (unless not ``all_device``). ``extra_device_edits`` (by device
-    UUID) amend single devices (used for sharing). ``cdiVersion`` is the minimum the content
-    needs."""
+    UUID) amend single devices (used for sharing and pairing), ``all_edits`` the ``all``
+    device. ``cdiVersion`` is the minimum the content needs."""
     extra = extra_device_edits or {}
     devices = []
     everything = ContainerEdits()
@@ -62,6 +63,7 @@ def build_spec(
         for name in device_names(device, strategies):
             devices.append({"name": name, "containerEdits": edits.to_cdi()})
     if devices and all_device:
+        everything = everything.merge(all_edits or ContainerEdits())
         devices.append({"name": "all", "containerEdits": everything.to_cdi()})
     return _spec(vendor, cls, devices, common_edits(host, capabilities, hook_path))
 

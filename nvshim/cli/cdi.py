@@ -57,6 +57,11 @@ def spec_options(func):
             is_flag=True,
             help="The spec of the MPS-shared devices of the sharing config (class gpu.shared).",
         ),
+        click.option(
+            "--pairing",
+            is_flag=True,
+            help="Give each GPU device its paired NIC's RDMA devices ([pairing] config).",
+        ),
     )
     for option in reversed(options):
         func = option(func)
@@ -76,6 +81,7 @@ class SpecRequest:
     all_device: bool
     mode: str
     sharing: bool
+    pairing: bool = False
 
     @staticmethod
     def resolve(
@@ -90,6 +96,7 @@ class SpecRequest:
         capabilities,
         hook_path,
         sharing,
+        pairing=False,
     ) -> SpecRequest:
         """Apply the config's defaults to the options; UsageError on a bad name."""
         from nvshim.cdi.names import validate_class, validate_vendor
@@ -119,6 +126,7 @@ class SpecRequest:
             all_device=not no_all_device,
             mode=mode,
             sharing=sharing,
+            pairing=pairing,
         )
 
     def build(self, host, config) -> dict:
@@ -140,6 +148,13 @@ class SpecRequest:
             )
         if self.mode == "management":
             return build_management_spec(host, self.hook_path, vendor=self.vendor, cls=self.cls)
+        extra, every = {}, None
+        if self.pairing:
+            from nvshim.policy.pairing import cdi_pairing_edits
+
+            extra, every, notes = cdi_pairing_edits(host, config, self.hook_path)
+            for note in notes:
+                click.echo(f"nvshim: warning: {note}", err=True)
         return build_spec(
             host,
             self.capabilities,
@@ -148,6 +163,8 @@ class SpecRequest:
             cls=self.cls,
             strategies=self.strategies,
             all_device=self.all_device,
+            extra_device_edits=extra,
+            all_edits=every,
         )
 
 

@@ -12,10 +12,18 @@ from nvshim.host.model import Host
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the host model as JSON.")
+@click.option(
+    "--topology", is_flag=True, help="Print the GPU-NIC matrix (nvidia-smi topo -m vocabulary)."
+)
 @root_options
-def info(as_json: bool, driver_root: str, dev_root: str, config) -> None:
+def info(as_json: bool, topology: bool, driver_root: str, dev_root: str, config) -> None:
     """Show the driver, GPUs, MIG devices, device nodes and driver files found."""
     host = discover(driver_root, dev_root, quiet=as_json)
+    if topology:
+        from nvshim.cli.topology import show_topology
+
+        show_topology(host, as_json)
+        return
     shared, error = _shared_devices(config, host)
     if as_json:
         click.echo(json.dumps(host_json(host, shared), indent=2))

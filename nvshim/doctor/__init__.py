@@ -24,6 +24,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "nvshim.doctor.engine_checks",
     "nvshim.doctor.cdi_checks",
     "nvshim.doctor.sharing_checks",
+    "nvshim.doctor.pairing_checks",
 )
 
 

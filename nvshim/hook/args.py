@@ -40,6 +40,14 @@ STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] =
         {},
         ("uuid",),
     ),
+    "rdma-pair": (
+        "claim paired RDMA NICs, move their netdevs into the container's netns (createRuntime)",
+        {
+            "--claim": ("list", "HCA", "claim this NIC for the container (pairing.exclusive)"),
+            "--netdev": ("list", "OLD[=NEW]", "move this netdev in (renamed NEW)"),
+        },
+        (),
+    ),
     "finish": (
         f"run several finishing steps in one process: STEP ARGS [{STEP_SEPARATOR} STEP ARGS]...",
         {},
@@ -62,6 +70,8 @@ class HookArgs:
         self.ldconfig: str | None = None
         self.uuid: str | None = None
         self.steps: list[str] = []
+        self.claim: list[str] = []
+        self.netdev: list[str] = []
 
     def __repr__(self) -> str:
         return f"HookArgs({self.command!r}, config={self.config!r})"

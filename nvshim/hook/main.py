@@ -110,6 +110,8 @@ def finishing_steps(hooks) -> tuple[list[HookArgs], list[str]]:
             steps.append(parse_step(args[1:]))
         elif len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] == "finish":
             steps.extend(parse_finish(args[2:]))
+        elif len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] == "rdma-pair":
+            continue  # host side: apply_edits runs it
         else:
             others.append(" ".join(args[:2]) or hook.path)
     return steps, others
@@ -165,6 +167,12 @@ def apply_edits(state, rootfs: str, edits, ctx: Context) -> dict:
     if nodes and devices_cgroup(state.pid) is None:
         raise NvshimError(V2_MESSAGE)
     steps, others = finishing_steps(edits.hooks)
+    fields: dict = {}
+    if any(h.args[1:2] == ("rdma-pair",) for h in edits.hooks):
+        from nvshim.pairing.step import pair_steps, run_pair_step
+
+        for nics, netdevs in pair_steps(edits.hooks):
+            fields.update(run_pair_step(state, nics, netdevs, ctx.config))
     planned = apply.plan_mounts(edits.mounts)
     try:
 
@@ -174,7 +182,7 @@ def apply_edits(state, rootfs: str, edits, ctx: Context) -> dict:
                 "device_nodes": apply.make_nodes(root, nodes),
             }
 
-        fields = run_steps(state.pid, rootfs, steps, ctx, before)
+        fields.update(run_steps(state.pid, rootfs, steps, ctx, before))
     finally:
         apply.close_mounts(planned)
     if nodes:
@@ -189,6 +197,10 @@ def apply_edits(state, rootfs: str, edits, ctx: Context) -> dict:
 def _run(args: HookArgs, state, ctx: Context) -> dict | None:
     if args.command == "prestart":
         return prestart(state, ctx)
+    if args.command == "rdma-pair":
+        from nvshim.pairing.step import run_pair_step
+
+        return run_pair_step(state, args.claim, args.netdev, ctx.config)
     if args.command == "mps-check":
         from nvshim.mps.enforce import check_daemon
 

@@ -20,6 +20,8 @@ MAX_ID = 128  # characters of one device id
 MAX_INDEX_DIGITS = 9
 DEVICES_DIR = ("var", "run", "nvidia-container-devices")
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+RDMA_ANNOTATION = "nvshim.io/rdma"  # a GPU-NIC pairing request (nvshim.policy.pairing)
+RDMA_ENV = "NVSHIM_RDMA"
 KINDS = ("unset", "void", "none", "all", "list")
 TRUE_WORDS = ("true", "1", "yes")
 
@@ -65,6 +67,7 @@ class ContainerRequest:
     denied: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    rdma: tuple[str, str] | None = None  # (source, value) of a GPU-NIC pairing request
 
     @property
     def raw_ids(self) -> tuple[str, ...] | None:
@@ -327,4 +330,15 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
         denied=denied,
         env=env,
         warnings=tuple(warnings),
+        rdma=rdma_ask(spec, env),
     )
+
+
+def rdma_ask(spec: dict, env: dict[str, str]) -> tuple[str, str] | None:
+    """The pairing request: the ``nvshim.io/rdma`` annotation, else ``NVSHIM_RDMA``."""
+    annotations = spec.get("annotations")
+    if isinstance(annotations, dict) and isinstance(annotations.get(RDMA_ANNOTATION), str):
+        return ("annotation", annotations[RDMA_ANNOTATION])
+    if RDMA_ENV in env:
+        return ("env", env[RDMA_ENV])
+    return None

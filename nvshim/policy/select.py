@@ -64,6 +64,10 @@ def select(request, host: Host | None, config: Config) -> Selection:
     if replaced:
         log["cuda_visible_devices_replaced"] = replaced
     edits = _amend_sharing(edits, devices, request, host, config, log)
+    if getattr(request, "rdma", None) is not None:
+        from nvshim.policy.pairing import pairing_edits
+
+        edits = pairing_edits(edits, devices, request, host, config, log)
     return Selection(edits, devices, log)
 
 

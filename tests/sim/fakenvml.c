@@ -127,6 +127,8 @@ struct fake_dev {
     int persistence; /* 0 disabled, 1 enabled (nvmlEnableState_t) */
     unsigned sm, ce, dec, enc, jpg, ofa;
     unsigned gi, ci, gi_slices, ci_slices;
+    unsigned nvlinks; /* active NVLinks: to NVSwitches, or to the GPU nvlink_peer names */
+    char nvlink_peer[32]; /* bus id of the GPU the links reach directly; empty: NVSwitch */
     int compute_mode; /* initial mode when the state file has none */
     int fail_code, fail_on_handle;
     char fail_only[512]; /* comma list of function names; empty: all */
@@ -236,6 +238,8 @@ static int set_field(struct fake_dev *d, const char *key, const char *val)
     UFIELD("ci", ci)
     UFIELD("gi_slices", gi_slices)
     UFIELD("ci_slices", ci_slices)
+    UFIELD("nvlinks", nvlinks)
+    SFIELD("nvlink_peer", nvlink_peer)
     IFIELD("compute_mode", compute_mode)
     IFIELD("fail", fail_code)
     IFIELD("fail_on_handle", fail_on_handle)
@@ -991,5 +995,61 @@ EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, int mode)
         fprintf(stderr, "fake-nvml: %s: %s\n", g_state_path, strerror(errno));
         return NVML_ERROR_UNKNOWN;
     }
+    return NVML_SUCCESS;
+}
+
+/* ---- NVLink ------------------------------------------------------------------ */
+
+#define NVML_NVLINK_MAX_LINKS 18
+#define NVML_NVLINK_DEVICE_TYPE_GPU 0
+#define NVML_NVLINK_DEVICE_TYPE_SWITCH 2
+
+static nvmlReturn_t nvlink_check(struct fake_dev *d, unsigned int link)
+{
+    if (d->is_mig || !d->nvlinks)
+        return NVML_ERROR_NOT_SUPPORTED;
+    return link >= NVML_NVLINK_MAX_LINKS ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive)
+{
+    ENTER(device, d);
+    nvmlReturn_t r = nvlink_check(d, link);
+    if (r)
+        return r;
+    if (!isActive)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *isActive = link < d->nvlinks;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                        int *type)
+{
+    ENTER(device, d);
+    nvmlReturn_t r = nvlink_check(d, link);
+    if (r)
+        return r;
+    if (!type)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (link >= d->nvlinks)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *type = d->nvlink_peer[0] ? NVML_NVLINK_DEVICE_TYPE_GPU : NVML_NVLINK_DEVICE_TYPE_SWITCH;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                        nvmlPciInfo_t *pci)
+{
+    ENTER(device, d);
+    nvmlReturn_t r = nvlink_check(d, link);
+    if (r)
+        return r;
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (link >= d->nvlinks || !d->nvlink_peer[0])
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(pci, 0, sizeof(*pci));
+    set_str(pci->busId, sizeof(pci->busId), d->nvlink_peer);
     return NVML_SUCCESS;
 }

@@ -22,7 +22,7 @@ from typing import Any
 from nvshim.errors import NvshimError
 from nvshim.host.model import NodeInfo
 
-from . import devfs, driverfiles
+from . import devfs, driverfiles, pcifs
 from .driverfiles import LIB_DIR, SimLibrary
 from .topology import generate_topology, load_topology, render_fake_nvml, shipped_hosts
 
@@ -146,6 +146,7 @@ def build_host(
     driverfiles.write_ld_so_conf(driver_root)
     run_ldconfig(driver_root)
     devfs.make_nodes(topo, dev_root)
+    pcifs.write_pci_tree(topo, dev_root)
     devfs.write_proc_sys(topo, dev_root)
     return SimHost(
         root=driver_root,

@@ -18,6 +18,14 @@ A topology names the driver and its GPUs; see ``hosts/*.yaml`` for examples. Key
 - ``mig_devices``: each ``gi``, ``ci``, ``profile`` (``1g.5gb``, ``1c.2g.20gb``), ``uuid``
   (``MIG-...``), optionally ``memory_mib`` (default from the profile), ``slot`` (position in
   NVML's MIG index, default: list position), ``gi_slices``, ``ci_slices``, ``sm_count``.
+- GPUs may also give ``pci_path`` (the PCIe bridges from the root port down to the GPU's
+  parent, ``["0000:10:01.0", "0000:11:00.0"]``: sysfs then holds the tree, see ``pcifs``)
+  and ``nvlinks`` (active NVLinks: to NVSwitches, or with ``nvlink_peer``, the index of
+  another GPU, all to that GPU, as an NVLink bridge does).
+- ``nics``: RDMA devices, each ``name`` (``mlx5_0``), ``pci_bus_id`` (``0000:15:00.0``),
+  ``pci_path``, ``numa_node``, ``link_layer`` (InfiniBand/Ethernet), ``netdevs``, ``uverbs``
+  (N of ``/dev/infiniband/uverbsN``), optionally ``ports`` (default 1) and ``physfn`` (the
+  PF's address: an SR-IOV virtual function).
 
 ``load_topology`` returns the normalized form (every derived field filled in) that the
 builder, the fake NVML and tests all read.
@@ -175,6 +183,7 @@ def normalize(data: dict[str, Any], source: str) -> dict[str, Any]:
         "frontend_name",
         "defaults",
         "gpus",
+        "nics",
     }
     for key in data:
         if key not in known:
@@ -210,8 +219,59 @@ def normalize(data: dict[str, Any], source: str) -> dict[str, Any]:
     mig_uuids = [m["uuid"] for g in gpus for m in g["mig_devices"]]
     if len(set(mig_uuids)) != len(mig_uuids):
         raise NvshimError(f"{source}: gpus: a MIG uuid is used twice")
+    for gpu in gpus:
+        peer = gpu["nvlink_peer"]
+        if peer is not None and not (0 <= peer < len(gpus) and peer != gpu["index"]):
+            raise NvshimError(f"{source}: gpus[{gpu['index']}].nvlink_peer: no GPU {peer}")
     out["gpus"] = gpus
+    out["nics"] = [_nic(source, f"nics[{i}]", n) for i, n in enumerate(top.get("nics", list, []))]
+    _check_pci_tree(source, gpus, out["nics"])
     return out
+
+
+_BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def _pci_path(c: _Checker) -> list[str] | None:
+    path = c.get("pci_path", list, None)
+    if path is not None and not all(isinstance(b, str) and _BDF_RE.match(b) for b in path):
+        c.fail("pci_path", "must be a list of lower-case PCI addresses (0000:10:01.0)")
+    return path
+
+
+def _nic(source: str, where: str, raw: Any) -> dict[str, Any]:
+    c = _Checker(source, where, raw)
+    known = {"name", "pci_bus_id", "pci_path", "numa_node", "link_layer", "netdevs", "uverbs"}
+    for key in raw:
+        if key not in known | {"ports", "physfn"}:
+            c.fail(key, "unknown key")
+    netdevs = c.get("netdevs", list, [])
+    if not all(isinstance(n, str) and re.match(r"^[a-z][a-z0-9_]{0,14}$", n) for n in netdevs):
+        c.fail("netdevs", "must be a list of interface names")
+    return {
+        "name": c.string("name", re.compile(r"^[a-z][a-z0-9_]{0,30}$")),
+        "pci_bdf": c.string("pci_bus_id", _BDF_RE),
+        "pci_path": _pci_path(c) or [],
+        "numa_node": c.get("numa_node", int, -1),
+        "link_layer": c.get("link_layer", str, "InfiniBand"),
+        "netdevs": netdevs,
+        "uverbs": c.get("uverbs", int),
+        "ports": c.get("ports", int, 1),
+        "physfn": c.string("physfn", _BDF_RE, None),
+    }
+
+
+def _check_pci_tree(source: str, gpus: list[dict], nics: list[dict]) -> None:
+    """Every bridge has one parent, whichever device's path names it."""
+    parent: dict[str, str | None] = {}
+    for dev in [*gpus, *nics]:
+        path = dev.get("pci_path") or []
+        for i, bridge in enumerate(path):
+            up = path[i - 1] if i else None
+            if parent.setdefault(bridge, up) != up:
+                raise NvshimError(
+                    f"{source}: PCI bridge {bridge} has two parents ({parent[bridge]}, {up})"
+                )
 
 
 def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[str, Any]:
@@ -239,6 +299,9 @@ def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[st
         "compute_mode",
         "fail",
         "mig_devices",
+        "pci_path",
+        "nvlinks",
+        "nvlink_peer",
     }
     for key in raw:
         if key not in known:
@@ -287,6 +350,9 @@ def _gpu(source: str, where: str, raw: dict[str, Any], position: int) -> dict[st
         "persistence_mode": c.get("persistence_mode", (int, str), 1, enum=PERSISTENCE_MODES),
         "compute_mode": c.get("compute_mode", int, 0, enum=COMPUTE_MODES),
         "fail": _fail(source, where, raw.get("fail")),
+        "pci_path": _pci_path(c),
+        "nvlinks": c.get("nvlinks", int, 0),
+        "nvlink_peer": c.get("nvlink_peer", int, None),
     }
     migs_raw = c.get("mig_devices", list, [])
     if migs_raw and mig_mode != 1:
@@ -410,7 +476,10 @@ def render_fake_nvml(topo: dict[str, Any]) -> str:
             "compute_mode": g["compute_mode"],
             "fail": fail["code"],
             "fail_on_handle": int(fail["on_handle"]),
+            "nvlinks": g["nvlinks"],
         }
+        if g["nvlink_peer"] is not None:
+            fields["nvlink_peer"] = topo["gpus"][g["nvlink_peer"]]["pci_bus_id"]
         if fail["only"]:
             fields["fail_only"] = ",".join(fail["only"])
         lines.append(_record("gpu", fields, g["name"]))

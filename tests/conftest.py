@@ -12,7 +12,7 @@ import pytest
 
 # nvshim's caches (config, runtime, exec markers) go to this session's own directory:
 # every process the suite starts inherits it or gets it from tests/runc_util.CACHE_ENV.
-os.environ["NVSHIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nvshim-test-cache-")
+CACHE_DIR = os.environ["NVSHIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nvshim-test-cache-")
 
 from tests.hostguard import HostGuard  # noqa: E402
 
@@ -41,6 +41,9 @@ def pytest_sessionfinish(session, exitstatus):
     if written:
         print(f"\nthe suite wrote host paths: {', '.join(written)}", file=sys.stderr)
         session.exitstatus = 1
+    import shutil
+
+    shutil.rmtree(CACHE_DIR, ignore_errors=True)
 
 
 VENV_BIN = os.path.dirname(sys.executable)

@@ -7,7 +7,10 @@
 - a 1-GPU ``create`` (then ``delete``, not timed) of a busybox bundle;
 - ``podman run --rm true`` with no GPU and with 1 GPU (podman 4, vfs storage, in a
   private mount namespace; both runtimes behind the same one-line sh wrapper, which
-  podman needs to hand nvshim its config).
+  podman needs to hand nvshim its config);
+- a CRI pod sandbox plus a ``true`` container, created, started and waited for, with no
+  GPU and with 1 GPU, through a private containerd 1.6 in which ``nvshim configure``
+  registered nvshim as the ``nvshim`` runtime handler beside ``runc``.
 
 Run as root: ``.venv/bin/python3 bench/engine_start.py [--rounds N]``. Targets (issue 12):
 pass-through <= 1.2x runc; engine level with no GPU <= 1.1x runc; a 1-GPU create adds
@@ -17,6 +20,7 @@ pass-through <= 1.2x runc; engine level with no GPU <= 1.1x runc; a 1-GPU create
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
@@ -25,16 +29,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from nvshim.launch import real_interpreter, write_launchers  # noqa: E402
+from tests.cri_util import (  # noqa: E402
+    CriClient,
+    configure_containerd,
+    cri_ready_config,
+    image_archive,
+)
+from tests.engines.containerd_instance import private_containerd  # noqa: E402
+from tests.engines.corpus_cases import CORPUS  # noqa: E402
 from tests.podman_util import in_podman_namespace, podman_command  # noqa: E402
-from tests.runc_util import make_bundle, make_busybox_rootfs  # noqa: E402
+from tests.runc_util import make_bundle, make_busybox_rootfs, read_log  # noqa: E402
 from tests.sim.simhost import build_host  # noqa: E402
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
+V16 = CORPUS / "containerd-1.6-default" / "input" / "config.toml"
+IMAGE = "nvshim.bench/busybox:cri"
+PAUSE = "nvshim.bench/pause:cri"
 
 
 def timed(argv: list[str], env: dict[str, str], **kw) -> float:
@@ -67,8 +83,54 @@ class Pairs:
         print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (median)")
 
 
+@contextlib.contextmanager
+def cri_client(work: str, env: dict[str, str]):
+    """A CRI client on a private containerd with handlers ``runc`` and ``nvshim``."""
+    os.environ.update(env)  # containerd -> shim -> nvshim-runtime
+    rootfs = os.path.join(work, "rootfs")
+    archive = image_archive(rootfs, os.path.join(work, "image.tar"), [IMAGE, PAUSE])
+    config = os.path.join(work, "containerd.toml")
+    with open(config, "w") as fh:
+        fh.write(cri_ready_config(V16.read_text(), os.path.join(work, "cri-scratch"), PAUSE))
+    configure_containerd(config, os.path.join(work, "bin", "nvshim-runtime"))
+    with private_containerd(work, Path(config)) as ctd:
+        imported = ctd.ctr("-n", "k8s.io", "images", "import", archive)
+        if imported.returncode != 0:
+            raise SystemExit(f"ctr images import: {imported.stderr.strip()}")
+        cri = CriClient(ctd.socket)
+        try:
+            cri.wait_image(IMAGE)
+            yield cri
+        finally:
+            errors = cri.cleanup()
+            cri.close()
+            if errors:
+                raise SystemExit(f"CRI cleanup: {errors}")
+
+
+def cri_start(
+    cri: CriClient, logs: str, handler: str, name: str, env: dict[str, str]
+) -> tuple[float, str]:
+    """Seconds for a pod sandbox on ``handler`` plus a ``true`` container to run to its end,
+    and the container's id (the pod is removed afterwards, not timed)."""
+    start = time.perf_counter()
+    pod = cri.run_pod(name, logs, handler)
+    result = cri.run_container(pod, "main", IMAGE, ["true"], env=env, poll=0.002)
+    elapsed = time.perf_counter() - start
+    errors = cri.cleanup()
+    if result.exit_code != 0 or errors:
+        raise SystemExit(f"CRI pod {name} on {handler}: exit {result.exit_code}, {errors}")
+    return elapsed, result.container_id
+
+
 def inner(work: str, rounds: int) -> None:
     """The timing loop (inside the private mount namespace podman needs)."""
+    with contextlib.ExitStack() as stack:
+        timing_loop(work, rounds, stack)
+
+
+def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
+    """Every case and its runc twin, ``rounds`` times after one warm-up round."""
     env = {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "NVSHIM_CONFIG": os.path.join(work, "config.toml"),
@@ -96,9 +158,13 @@ def inner(work: str, rounds: int) -> None:
     os.makedirs(state, exist_ok=True)
     pairs = Pairs()
     ystick: list[float] = []
+    gpu_ids: list[str] = []
     gpu = {"NVIDIA_VISIBLE_DEVICES": "0"}
     run_opts = ["run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024"]
     run_opts += ["--ulimit", "nproc=1024:1024", "--rootfs", rootfs]
+    cri = stack.enter_context(cri_client(work, env))
+    logs = os.path.join(work, "pod-logs")
+    os.makedirs(logs, exist_ok=True)
 
     def create_once(binary: str, n: str) -> float:
         bundle = make_bundle(scratch, rootfs, ["/bin/true"], env=gpu, name=f"b-{n}")
@@ -130,6 +196,10 @@ def inner(work: str, rounds: int) -> None:
         our_pod = timed([*podman["nvshim"], *run_opts, "/bin/true"], env)
         gpu_pod = timed([*podman["nvshim"], *run_opts[:2], "-e", "NVIDIA_VISIBLE_DEVICES=0",
                          *run_opts[2:], "/bin/true"], env)  # fmt: skip
+        bare_cri, _ = cri_start(cri, logs, "runc", f"runc-{i}", {})
+        our_cri, _ = cri_start(cri, logs, "nvshim", f"nvshim-{i}", {})
+        gpu_cri, gpu_id = cri_start(cri, logs, "nvshim", f"gpu-{i}", gpu)
+        gpu_ids.append(gpu_id)
         if i == 0:
             continue  # warm-up: caches, podman's storage
         ystick.append(y)
@@ -137,6 +207,11 @@ def inner(work: str, rounds: int) -> None:
         pairs.add("create, 1 GPU (runc: no GPU)", bare_create, our_create)
         pairs.add("podman run --rm true, no GPU", bare_pod, our_pod)
         pairs.add("podman run --rm true, 1 GPU", bare_pod, gpu_pod)
+        pairs.add("CRI pod + container, no GPU", bare_cri, our_cri)
+        pairs.add("CRI pod + container, 1 GPU", bare_cri, gpu_cri)
+    given = {r["id"] for r in read_log(os.path.join(work, "log")) if r.get("devices")}
+    if not given.issuperset(gpu_ids):
+        raise SystemExit("a CRI GPU container got no GPU (see the nvshim log)")
     pairs.report(statistics.median(ystick) * 1000)
 
 
@@ -158,7 +233,9 @@ def main() -> None:
                 f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{work}/log"\n'
                 f'state-dir = "{work}/state-nvshim"\n[policy]\naccept-env-unprivileged = true\n'
             )
-        make_busybox_rootfs(os.path.join(work, "rootfs"), glibc_loader=False)
+        rootfs = make_busybox_rootfs(os.path.join(work, "rootfs"), glibc_loader=False)
+        if not os.path.lexists(os.path.join(rootfs, "bin", "sleep")):  # the pause image's
+            os.symlink("busybox", os.path.join(rootfs, "bin", "sleep"))
         argv = [sys.executable, os.path.abspath(__file__), "--inner", work]
         proc = in_podman_namespace(
             os.path.join(work, "podman"), [*argv, "--rounds", str(opts.rounds)], timeout=3000

@@ -205,8 +205,10 @@ class CriClient:
         env: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
         timeout: float = 30.0,
+        poll: float = 0.05,
     ) -> ContainerResult:
-        """Create, start and wait for a container in ``pod``; return its result and log."""
+        """Create, start and wait for a container in ``pod`` (its state read every ``poll``
+        seconds); return its result and log."""
         api = self.api
         pod_id, pod_config = pod
         log_name = f"{name}.log"
@@ -237,7 +239,7 @@ class CriClient:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"container {name} ({cid}) did not exit")
-            time.sleep(0.05)
+            time.sleep(poll)
         log_path = os.path.join(pod_config.log_directory, log_name)
         lines = read_cri_log(log_path) if os.path.exists(log_path) else []
         return ContainerResult(cid, status.exit_code, lines)

@@ -408,3 +408,21 @@ def test_crio_drop_in_directory_holds_only_the_drop_in(tmp_path, capsys):
 def test_engine_is_required(capsys):
     code, _, err = nvshim(capsys, "configure")
     assert code == 2 and "--runtime is required" in one_error_line(err)
+
+
+def test_make_dirs_tolerates_a_directory_created_meanwhile(tmp_path, monkeypatch):
+    """Two installers creating the same directories at once: the one that loses the race
+    neither fails nor counts the other's directory as its own (it would remove it)."""
+    from nvshim.engines import common
+
+    target = tmp_path / "run" / "nvshim"
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(path, mode=0o777):
+        if str(path) == str(tmp_path / "run"):
+            real_mkdir(path, mode)  # the other installer got there first
+        real_mkdir(path, mode)
+
+    monkeypatch.setattr(common.os, "mkdir", racing_mkdir)
+    assert common.make_dirs(str(target)) == [str(target)]
+    assert target.is_dir()

@@ -179,15 +179,23 @@ def write_backup(path: str, data: bytes) -> str:
 
 
 def make_dirs(directory: str) -> list[str]:
-    """Create ``directory`` and missing parents (mode 0755); return those created, outer first."""
-    created: list[str] = []
+    """Create ``directory`` and missing parents (mode 0755); return those this call
+    created, outer first. A directory another process creates meanwhile is not ours."""
+    missing: list[str] = []
     current = os.path.abspath(directory)
     while not os.path.isdir(current):
-        created.append(current)
+        missing.append(current)
         current = os.path.dirname(current)
-    for path in reversed(created):
-        os.mkdir(path, 0o755)
-    return list(reversed(created))
+    created = []
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
+            continue
+        created.append(path)
+    return created
 
 
 def remove_empty_dirs(dirs: list[str]) -> None:

@@ -12,7 +12,7 @@ import yaml
 
 from tests.conftest import run_nvshim
 from tests.podman_util import make_busybox_rootfs, podman_run
-from tests.test_cdi_generate import generate
+from tests.test_cdi_generate import generate, generate_for_podman
 
 
 def _names(spec: dict) -> list[str]:
@@ -89,15 +89,7 @@ def test_cdi_list_json(sim_hosts, tmp_path):
 def test_podman_resolves_index_and_uuid_names(sim_hosts, launchers, tmp_path):
     sim = sim_hosts("h100x8-mig")
     cdi_dir = tmp_path / "cdi"
-    config = tmp_path / "nvshim.toml"  # the spec's hooks log and keep state under tmp_path
-    config.write_text(f'[runtime]\nlog-file = "{tmp_path}/log"\nstate-dir = "{tmp_path}/st"\n')
-    generate(
-        sim,
-        "-o",
-        str(cdi_dir / "nvidia.yaml"),
-        hook_path=f"{launchers}/nvshim-hook",
-        env={"NVSHIM_CONFIG": str(config)},
-    )
+    generate_for_podman(sim, cdi_dir / "nvidia.yaml", launchers, tmp_path)
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     uuid = sim.gpu_uuids()[2]
     for n, name in enumerate(("2", uuid)):

@@ -216,12 +216,9 @@ def test_cdi_list(sim_hosts, tmp_path):
     ]
 
 
-def test_podman_consumes_the_spec(sim_hosts, launchers, tmp_path):
-    """A real consumer: podman runs a busybox container with --device nvidia.com/gpu=N."""
-    sim = sim_hosts("h100x8-mig")
-    cdi_dir = tmp_path / "cdi"
-    cdi_dir.mkdir()
-    # the spec's hook entries name this config, so the hook logs under tmp_path
+def generate_for_podman(sim, spec, launchers: str, tmp_path) -> None:
+    """Write the CDI spec ``spec`` whose hook entries name a config of ``tmp_path``'s own,
+    so the hooks podman runs log and keep state under ``tmp_path``."""
     config = tmp_path / "nvshim.toml"
     config.write_text(
         f'[runtime]\nlog-file = "{tmp_path}/nvshim.log"\nstate-dir = "{tmp_path}/state"\n'
@@ -229,10 +226,18 @@ def test_podman_consumes_the_spec(sim_hosts, launchers, tmp_path):
     generate(
         sim,
         "-o",
-        str(cdi_dir / "nvidia.yaml"),
+        str(spec),
         hook_path=f"{launchers}/nvshim-hook",
         env={"NVSHIM_CONFIG": str(config)},
     )
+
+
+def test_podman_consumes_the_spec(sim_hosts, launchers, tmp_path):
+    """A real consumer: podman runs a busybox container with --device nvidia.com/gpu=N."""
+    sim = sim_hosts("h100x8-mig")
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    generate_for_podman(sim, cdi_dir / "nvidia.yaml", launchers, tmp_path)
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     ver = sim.driver_version
     script = (

@@ -21,6 +21,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.paired import median_ratio  # noqa: E402
 from nvshim.install import install_host  # noqa: E402
 from tests.debroot import bundle_dir  # noqa: E402
 
@@ -66,7 +67,7 @@ def main() -> None:
     print(f"host bundle vs today's launchers, {opts.rounds} interleaved rounds (median ms)")
     print(f"{'case':42} {'bundle':>8} {'venv':>8} {'ratio':>7}")
     for name, (bundled, launcher) in times.items():
-        ratio = statistics.median(b / v for b, v in zip(bundled, launcher, strict=True))
+        ratio = median_ratio(bundled, launcher)
         print(
             f"{name:42} {statistics.median(bundled) * 1e3:8.1f} "
             f"{statistics.median(launcher) * 1e3:8.1f} {ratio:7.2f}"

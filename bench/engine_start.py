@@ -34,6 +34,7 @@ from pathlib import Path
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.paired import median_added, median_ratio  # noqa: E402
 from nvshim.launch import real_interpreter, write_launchers  # noqa: E402
 from tests.cri_util import (  # noqa: E402
     CriClient,
@@ -76,8 +77,9 @@ class Pairs:
         for case, rows in self.rows.items():
             bare = statistics.median(r[0] for r in rows) * 1000
             ours = statistics.median(r[1] for r in rows) * 1000
-            added = statistics.median(r[1] - r[0] for r in rows) * 1000
-            ratio = statistics.median(r[1] / r[0] for r in rows)
+            bares, ourses = [r[0] for r in rows], [r[1] for r in rows]
+            added = median_added(ourses, bares) * 1000
+            ratio = median_ratio(ourses, bares)
             line = f"{case:<34} {bare:8.1f} {ours:8.1f} {added:+8.1f} {ratio:6.2f}"
             print(f"{line}  = {added / yardstick:+.1f} interpreter starts")
         print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (median)")

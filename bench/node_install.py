@@ -25,6 +25,7 @@ from pathlib import Path
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.paired import median_ratio  # noqa: E402
 from tests.debroot import bundle_dir  # noqa: E402
 from tests.node_image import NodeContainer, node_image  # noqa: E402
 from tests.node_util import Scratch, start_node, wait_for  # noqa: E402
@@ -132,7 +133,7 @@ def main() -> None:
     for i, name in enumerate(names):
         boxed = [p[0][i] for p in pairs]
         plain = [p[1][i] for p in pairs]
-        ratio = statistics.median(b / p for b, p in zip(boxed, plain, strict=True))
+        ratio = median_ratio(boxed, plain)
         print(
             f"{name:44} {statistics.median(boxed):7.2f} {statistics.median(plain):8.2f}"
             f" {ratio:6.2f}"

@@ -21,6 +21,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.paired import median_added  # noqa: E402
 from nvshim.launch import write_launchers  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.runc_util import make_bundle  # noqa: E402
@@ -63,7 +64,7 @@ def interleaved(work_root, cases, env, runs: int) -> dict[str, list[float]]:
 
 def paired_added_ms(values: list[float], bare: list[float]) -> float:
     """The added time in ms: the median of each round's difference to bare runc."""
-    return statistics.median([v - b for v, b in zip(values, bare, strict=True)]) * 1000
+    return median_added(values, bare) * 1000
 
 
 def write_bench_config(directory: str, sim, bin_dir: str, runtime_extra: str = "") -> str:

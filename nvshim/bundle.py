@@ -31,6 +31,31 @@ PT_LOAD, PT_DYNAMIC, PT_INTERP = 1, 2, 3
 DT_STRTAB, DT_RPATH = 5, 15
 
 
+def tree_digest(root: str, paths: tuple[str, ...] = ("",), skip: tuple[str, ...] = ()) -> str:
+    """A digest of every file's path and bytes under ``paths`` (files or directories,
+    relative to ``root``; directory names in ``skip`` left out). A symlink counts by
+    its target. The bundle's build id, and the tests' cache key for what goes into it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for rel in paths:
+        full = os.path.join(root, rel)
+        walk = [(os.path.dirname(full), [], [os.path.basename(full)])]
+        if os.path.isdir(full):
+            walk = os.walk(full)
+        for top, dirs, files in walk:
+            dirs[:] = sorted(d for d in dirs if d not in skip)
+            for name in sorted(files):
+                path = os.path.join(top, name)
+                digest.update(os.path.relpath(path, root).encode() + b"\0")
+                if os.path.islink(path):
+                    digest.update(os.readlink(path).encode() + b"\0")
+                    continue
+                with open(path, "rb") as fh:
+                    digest.update(hashlib.sha256(fh.read()).digest())
+    return digest.hexdigest()
+
+
 def bundle_root(prefix: str | None = None) -> str | None:
     """The bundle this interpreter runs from (or the one at ``prefix``), else None."""
     root = prefix if prefix is not None else sys.prefix

@@ -68,20 +68,9 @@ def _prune(name: str, keep: str, newest: int = KEEP) -> None:
 
 def tree_digest(paths: tuple[str, ...], root: str = REPO) -> str:
     """Digest of the files under ``paths`` (relative to ``root``), caches skipped."""
-    digest = hashlib.sha256()
-    for rel in paths:
-        full = os.path.join(root, rel)
-        walk = [(os.path.dirname(full), [], [os.path.basename(full)])]
-        if os.path.isdir(full):
-            walk = os.walk(full)
-        for top, dirs, files in walk:
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            for name in sorted(files):
-                path = os.path.join(top, name)
-                digest.update(os.path.relpath(path, root).encode() + b"\0")
-                with open(path, "rb") as fh:
-                    digest.update(hashlib.sha256(fh.read()).digest())
-    return digest.hexdigest()
+    from nvshim.bundle import tree_digest as digest
+
+    return digest(root, paths, skip=("__pycache__",))
 
 
 def debian_root_tar(suite: str, variant: str = "minbase", include: tuple[str, ...] = ()) -> str:

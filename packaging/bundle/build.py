@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import compileall
-import hashlib
 import json
 import os
 import py_compile
@@ -28,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from nvshim import __version__  # noqa: E402
-from nvshim.bundle import INTERPRETER, MARKER, SITE, relocate, rpath_slot  # noqa: E402
+from nvshim.bundle import INTERPRETER, MARKER, SITE, relocate, rpath_slot, tree_digest  # noqa: E402
 
 # Room for any prefix: relocate() writes the real loader and library paths into these.
 INTERP_SLOT = "/" + "nvshim-loader-slot/" * 12 + "ld.so"
@@ -140,20 +139,6 @@ def check_search_paths(out: str) -> None:
                 )
 
 
-def tree_digest(out: str) -> str:
-    """A digest of every file's path and bytes: the bundle's build id."""
-    digest = hashlib.sha256()
-    for top, dirs, files in os.walk(out):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(top, name)
-            digest.update(os.path.relpath(path, out).encode() + b"\0")
-            if not os.path.islink(path):
-                with open(path, "rb") as fh:
-                    digest.update(hashlib.sha256(fh.read()).digest())
-    return digest.hexdigest()[:16]
-
-
 def build(out: str, prefix: str, python: str) -> None:
     """Build the bundle into ``out`` (replaced whole) naming ``prefix``."""
     python = os.path.realpath(python)
@@ -181,7 +166,7 @@ def build(out: str, prefix: str, python: str) -> None:
         "python": stdlib,
         "loader": loader,
         "prefix": prefix,
-        "build": tree_digest(work),
+        "build": tree_digest(work)[:16],
         "rpath_slot": list(rpath_slot(interpreter)),
     }
     with open(os.path.join(work, MARKER), "w", encoding="utf-8") as fh:

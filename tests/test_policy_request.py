@@ -2,6 +2,7 @@
 the env policy, and hostile config.json shapes."""
 
 import copy
+import json
 import subprocess
 import sys
 
@@ -511,3 +512,140 @@ def test_raw_ids_keep_replica_suffixes_for_every_source():
     assert request_from_spec(spec, policy).raw_ids == ("0::1", "0::2")
     spec = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}}
     assert request_from_spec(spec, policy).raw_ids is None
+
+
+# --- the sh front's trigger words (nvshim.runtime.front greps config.json for them) ------
+
+KINDS = {
+    "default": {},
+    "other kind": {"cdi_vendor": "acme.io", "cdi_class": "accel"},
+    "kind Go escapes": {"cdi_vendor": "a&b<c>.io", "cdi_class": "dév"},
+    "kind with a quote": {"cdi_vendor": 'we"ird', "cdi_class": "x\\y"},
+}
+DEV_MOUNT = "/var/run/nvidia-container-devices/"
+
+
+def _asking_specs(pol: dict):
+    """Specs that ask for something under ``pol``: every source, with the variants that
+    make request_from_spec return a request or raise."""
+    kind = f"{pol['cdi-vendor']}/{pol['cdi-class']}"
+    for bounding in (PRIV, UNPRIV):
+        for value in ("all", "0", "none", "0,1", "bad id", "GPU-x::1"):
+            yield spec_with([f"NVIDIA_VISIBLE_DEVICES={value}"], bounding)
+        yield spec_with(["CUDA_VERSION=12.2"], bounding)
+        yield spec_with(["PATH=/bin", "CUDA_VERSION=11.0", "A=b"], bounding)
+    for value in (
+        f"{kind}=0",
+        f" {kind}=all ",
+        f"amd.com/gpu=0,{kind}=1",
+        f"{kind}=",
+        f"{kind}=/x",
+    ):
+        for key in ("cdi.k8s.io/x", "cdi.k8s.io/"):
+            yield spec_with([], UNPRIV, annotations={key: value})
+    for dest in (
+        DEV_MOUNT + "0",
+        "//var/./run/nvidia-container-devices//GPU-a",
+        DEV_MOUNT + "../x",
+    ):
+        for source in ("/dev/null", "//dev/./null"):
+            yield spec_with([], UNPRIV, mounts=[null_mount(dest, source)])
+    rdma = {"nvshim.io/rdma": "true"}
+    yield spec_with(["NVIDIA_VISIBLE_DEVICES=0", "NVSHIM_RDMA=1"], PRIV, annotations=rdma)
+
+
+def _json_string(text: str, rng, rate: float) -> str:
+    """``text`` as a JSON string, characters escaped at random in each way JSON allows
+    (``\\uXXXX`` at ``rate``, ``\\/``, the short forms), as any encoder might write it."""
+    out = ['"']
+    for ch in text:
+        short = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch)
+        if short or ord(ch) < 0x20:
+            out.append(short if short and rng.random() < 0.5 else f"\\u{ord(ch):04x}")
+        elif ch == "/" and rng.random() < 0.3:
+            out.append("\\/")
+        elif rng.random() < rate:
+            out.append(f"\\u{ord(ch):04X}" if ord(ch) < 0x10000 else ch)
+        else:
+            out.append(ch)
+    return "".join(out) + '"'
+
+
+def _random_json(value, rng, rate: float) -> str:
+    if isinstance(value, str):
+        return _json_string(value, rng, rate)
+    if isinstance(value, dict):
+        items = (
+            f"{_json_string(k, rng, rate)}:{_random_json(v, rng, rate)}" for k, v in value.items()
+        )
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_random_json(v, rng, rate) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _encodings(spec, rng):
+    yield json.dumps(spec)
+    yield json.dumps(spec, ensure_ascii=False, indent=1)
+    yield json.dumps(spec, separators=(",", ":")).replace("&", "\\u0026").replace("<", "\\u003c")
+    yield json.dumps(spec, ensure_ascii=False).replace("/", "\\/")
+    for _ in range(20):
+        yield _random_json(spec, rng, rng.choice((0, 0.02, 0.1)))
+
+
+@pytest.mark.parametrize("changes", KINDS.values(), ids=KINDS.keys())
+@pytest.mark.parametrize("env_unprivileged", (False, True))
+def test_every_request_has_a_trigger_word(changes, env_unprivileged):
+    """The front may skip Python only when none of the words is in config.json: every
+    spec request_from_spec turns into a request (or refuses), however it is encoded,
+    holds one of them in its text."""
+    import random
+
+    from nvshim import fastjson
+    from nvshim.policy.request import request_triggers
+
+    pol = policy(accept_env_unprivileged=env_unprivileged, **changes)
+    words = request_triggers(pol)
+    rng = random.Random(12)
+    checked = 0
+    for spec in _asking_specs(pol):
+        try:
+            asked = request_from_spec(spec, pol) is not None
+        except RequestError:
+            asked = True
+        assert asked, spec
+        for text in _encodings(spec, rng):
+            assert fastjson.loads(text.encode()) == spec  # the runtime reads the same spec
+            assert any(w in text for w in words), text
+            checked += 1
+    assert checked > 500
+
+
+def test_trigger_words_leave_plain_specs_alone():
+    """What the front exists for: runc's own default spec, and one with annotations and
+    an env of a CRI container asking for no GPU, has none of the words."""
+    from nvshim.policy.request import request_triggers
+    from tests.runc_util import runc_spec
+
+    spec = runc_spec()
+    spec["process"]["env"] += ["HOSTNAME=pod", "KUBERNETES_SERVICE_HOST=10.0.0.1"]
+    spec["annotations"] = {
+        "io.kubernetes.cri.container-type": "sandbox",
+        "io.kubernetes.cri.sandbox-name": "web-0",
+        "io.containerd.cri.runtime-handler": "nvshim",
+    }
+    text = json.dumps(spec, indent=1)
+    assert request_from_spec(spec, POLICY) is None
+    assert not any(w in text for w in request_triggers(POLICY))
+    assert not any(w in json.dumps(runc_spec()) for w in request_triggers(POLICY))
+
+
+def test_trigger_words_name_the_configured_kind():
+    from nvshim.policy.request import request_triggers
+
+    assert "nvidia.com/gpu" in request_triggers(POLICY)
+    acme = request_triggers(policy(cdi_vendor="acme.io", cdi_class="accel"))
+    assert "acme.io/accel" in acme and "nvidia.com/gpu" not in acme
+    # wrong types fall back to the defaults, as request_from_spec does
+    assert "nvidia.com/gpu" in request_triggers(policy(cdi_vendor=5))
+    assert "\\" in request_triggers(policy(cdi_class='g"pu'))

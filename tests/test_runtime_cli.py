@@ -9,13 +9,14 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
 from nvshim.launch import real_interpreter, write_launchers
 from nvshim.runtime.args import parse_runc_args
 from tests.conftest import write_config
-from tests.runc_util import RUNC_ENV, make_bundle, make_busybox_rootfs
+from tests.runc_util import RUNC_ENV, make_bundle, make_busybox_rootfs, runc_run
 
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "0"}
 # by path, as nvshim-runtime execs it (runc names its argv[0] in some messages)
@@ -210,54 +211,74 @@ printf '%s %s\\n' "$s" "$*" >> {log}
 """
 
 
-@pytest.fixture
-def front(tmp_path, sim_hosts):
-    """Launchers whose interpreter records every start, a fake low-level runtime that
-    records every call, and a GPU bundle."""
+def counting_launchers(tmp_path) -> tuple[str, object, dict[str, str]]:
+    """Launchers (in ``tmp_path/bin``) whose interpreter records every start in a file,
+    with their own cache directory (exec markers and the front's cache of one test);
+    returns the bin directory, that file and the environment for the runtime."""
     log = tmp_path / "python-starts"
     counter = tmp_path / "python"
     counter.write_text(_COUNTER.format(log=log, python=real_interpreter()))
     counter.chmod(0o755)
     bin_dir = tmp_path / "bin"
-    write_launchers(
-        str(bin_dir), interpreter=str(counter), cache_dir=os.environ["NVSHIM_CACHE_DIR"]
-    )
+    cache = str(tmp_path / "cache")
+    write_launchers(str(bin_dir), interpreter=str(counter), cache_dir=cache)
+    return str(bin_dir), log, {**RUNC_ENV, "NVSHIM_CACHE_DIR": cache}
+
+
+def count_lines(path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.fixture
+def front(tmp_path, sim_hosts):
+    """Launchers whose interpreter records every start, a fake low-level runtime that
+    records every call, and bundles (a GPU bundle unless told otherwise)."""
+    bin_dir, log, base_env = counting_launchers(tmp_path)
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     calls = tmp_path / "runc-calls"
     fake = tmp_path / "fake-runc"
     config = write_config(
         tmp_path / "config.toml",
         sim_hosts("single"),
-        str(bin_dir),
+        bin_dir,
         tmp_path / "state",
         tmp_path / "nvshim.log",
         accept_env_unprivileged=True,
     )
 
     class Front:
-        runtime = str(bin_dir / "nvshim-runtime")
+        runtime = os.path.join(bin_dir, "nvshim-runtime")
+        cache = base_env["NVSHIM_CACHE_DIR"]
 
-        def bundle(self, name):
-            path = make_bundle(tmp_path, rootfs, ["true"], env=GPU_ENV, name=name)
+        def bundle(self, name, env=GPU_ENV, **kw):
+            """A bundle (``make_bundle``'s keywords); the fake runtime checks it."""
+            path = make_bundle(tmp_path, rootfs, ["true"], env=env, name=name, **kw)
             fake.write_text(_FAKE_RUNC.format(bundle=path, log=calls))
             fake.chmod(0o755)
             return path
 
         def call(self, *argv, cwd=None):
-            env = {**RUNC_ENV, "NVSHIM_CONFIG": self.config}
+            env = {**base_env, "NVSHIM_CONFIG": self.config}
             return subprocess.run(
-                [self.runtime, *argv], env=env, cwd=cwd, capture_output=True, text=True
+                [self.runtime, *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
             )
 
         def starts(self) -> int:
-            return len(log.read_text().splitlines()) if log.exists() else 0
+            return count_lines(log)
 
         def calls(self) -> list[str]:
             return calls.read_text().splitlines() if calls.exists() else []
 
+        def configure(self, text: str) -> None:
+            """Append to the config file (the front's cache misses: not newer)."""
+            with open(self.config, "a") as fh:
+                fh.write(text)
+
     text = open(config).read().replace("[runtime]\n", f'[runtime]\nruntimes = ["{fake}"]\n')
     with open(config, "w") as fh:
         fh.write(text)
+    past = os.stat(config).st_mtime_ns - 10 * 10**9  # an entry written now is settled
+    os.utime(config, ns=(past, past))
     f = Front()
     f.config = config
     return f
@@ -334,7 +355,12 @@ def test_front_cache_follows_config_and_path(front, tmp_path):
     assert front.starts() == 2  # the config changed: Python resolved again
     front.call("list")
     assert front.starts() == 2
-    env = {**RUNC_ENV, "NVSHIM_CONFIG": front.config, "PATH": "/usr/bin:/bin"}
+    env = {
+        **RUNC_ENV,
+        "NVSHIM_CACHE_DIR": front.cache,
+        "NVSHIM_CONFIG": front.config,
+        "PATH": "/usr/bin:/bin",
+    }
     subprocess.run([front.runtime, "list"], env=env, capture_output=True)
     assert front.starts() == 3  # another PATH
     front.call("list")
@@ -347,7 +373,7 @@ def test_front_ignores_a_cache_it_cannot_trust(front):
     """A cache entry owned by someone else, or a symlink, is never used."""
     front.bundle("b")
     front.call("list")
-    entry = os.path.join(os.environ["NVSHIM_CACHE_DIR"], "runtime-front")
+    entry = os.path.join(front.cache, "runtime-front")
     starts = front.starts()
     os.chown(entry, 65534, 65534)
     front.call("list")
@@ -362,3 +388,238 @@ def test_front_ignores_a_cache_it_cannot_trust(front):
         if os.path.islink(entry):
             os.unlink(entry)
             os.rename(entry + ".real", entry)
+
+
+# --- the front: a create/run that cannot ask for a GPU never starts Python ----------------
+
+NO_GPU_FORMS = [
+    ["create", "--bundle", "{b}", "create"],
+    ["create", "run", "--bundle", "{b}"],
+    ["create", "-b={b}", "run"],
+    ["create", "--bundle={b}", "--pid-file=/p", "x"],
+    ["--root", "/r", "--debug", "create", "-b", "{b}", "x"],
+    ["--root=create", "run", "-d", "--bundle", "{b}", "x"],
+    ["--", "create", "--b", "{b}", "x"],
+    ["run", "--bundle", "{b}", "--", "x"],
+    ["create", "--console-socket", "/s", "x", "-b", "{b}"],
+    ["run", "-bundle={b}", "--keep", "--no-subreaper", "--preserve-fds", "0", "x"],
+    ["create", "--pid-file", "-b", "--bundle", "{b}", "x"],  # '-b' is the pid file
+    ["create", "-b", "{b}", "--", "-"],
+]
+
+
+@pytest.mark.parametrize("argv", NO_GPU_FORMS)
+def test_no_gpu_create_is_exec_d_without_python(front, argv):
+    bundle = front.bundle("b", env={"CUDA_VISIBLE_DEVICES": "0", "HOME": "/root"})
+    before = open(os.path.join(bundle, "config.json"), "rb").read()
+    front.call("list")
+    assert front.starts() == 1
+    argv = [a.replace("{b}", bundle) for a in argv]
+    proc = front.call(*argv)
+    assert proc.returncode == 0, proc.stderr
+    assert front.calls()[-1] == f"plain {' '.join(argv)}"
+    assert front.starts() == 1
+    assert open(os.path.join(bundle, "config.json"), "rb").read() == before
+
+
+def test_no_gpu_create_in_the_working_directory(front):
+    bundle = front.bundle("b", env={})
+    front.call("list")
+    front.call("run", "--no-pivot", "x", cwd=bundle)
+    front.call("create", "-b=", "y", cwd=bundle)  # an empty bundle is the working directory
+    assert front.calls()[-2:] == ["plain run --no-pivot x", "plain create -b= y"]
+    assert front.starts() == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["create", "--no-pivot=true", "-b", "{b}", "x"],  # '=BOOL' forms
+        ["create", "-d", "-b", "{b}", "x"],  # a run flag: runc refuses it for create
+        ["create", "--bogus", "-b", "{b}", "x"],
+        ["create", "-b", "{b}", "--bundle", "{b}", "x"],  # two forms: runc's error
+        ["create", "-b", "{b}", "x", "y"],
+        ["create", "-b", "{b}"],
+        ["create", "-b", "{b}", ".."],
+        ["-v", "create", "-b", "{b}", "x"],
+    ],
+)
+def test_doubtful_no_gpu_lines_go_to_python(front, argv):
+    """What the front cannot classify goes to Python, which hands runc the same line."""
+    bundle = front.bundle("b", env={})
+    front.call("list")
+    front.call(*[a.replace("{b}", bundle) for a in argv])
+    assert front.starts() == 2
+    assert all(c.startswith("plain ") for c in front.calls())
+
+
+GPU_ASKS = {
+    "env": {"env": GPU_ENV},
+    "legacy CUDA image": {"env": {"CUDA_VERSION": "12.2"}},
+    "CDI annotation": {"annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0"}},
+    "device mount": {
+        "mounts": [
+            {
+                "destination": "/var/run/nvidia-container-devices/0",
+                "type": "bind",
+                "source": "/dev/null",
+                "options": ["ro"],
+            }
+        ]
+    },
+    "rdma pairing": {"env": GPU_ENV, "annotations": {"nvshim.io/rdma": "false"}},
+}
+
+
+@pytest.mark.parametrize("ask", GPU_ASKS.values(), ids=GPU_ASKS.keys())
+@pytest.mark.parametrize("argv", NO_GPU_FORMS[:6])
+def test_gpu_create_is_never_passed_unedited(front, ask, argv):
+    """With the front's cache warm, every way of asking for a GPU still reaches Python."""
+    bundle = front.bundle("b", **{"env": {}, **ask})
+    front.call("list")
+    argv = [a.replace("{b}", bundle) for a in argv]
+    front.call(*argv)
+    assert front.starts() == 2
+    assert front.calls()[1] == f"edited {' '.join(argv)}"
+
+
+@pytest.mark.parametrize(
+    "raw, new",
+    [
+        ('"NVIDIA_VISIBLE_DEVICES=0"', '"NVIDIA\\u005fVISIBLE_DEVICES=0"'),
+        ('"nvidia.com/gpu=0"', '"nvidia.com\\/gpu=0"'),
+        ('"nvidia.com/gpu=0"', '"\\u006evidia.com/gpu=0"'),
+        ('"/var/run/nvidia-container-devices/0"', '"/var/run/nvidia-container\\u002ddevices/0"'),
+    ],
+)
+def test_escaped_requests_go_to_python(front, raw, new):
+    """A JSON escape can hide a word from grep: Python decodes it and edits the bundle."""
+    ask = GPU_ASKS["CDI annotation" if "gpu=" in raw else "env"]
+    if "devices/0" in raw:
+        ask = GPU_ASKS["device mount"]
+    bundle = front.bundle("b", **{"env": {}, **ask})
+    path = os.path.join(bundle, "config.json")
+    text = open(path).read()
+    assert raw in text
+    with open(path, "w") as fh:
+        fh.write(text.replace(raw, new))
+    front.call("list")
+    front.call("create", "-b", bundle, "x")
+    assert front.starts() == 2
+    assert front.calls()[-1] == f"edited create -b {bundle} x"
+
+
+def test_unreadable_config_json_goes_to_python(front, tmp_path):
+    """A FIFO, a directory, a dangling link, a file grep cannot read: Python decides (and
+    refuses them), never a hang."""
+    front.bundle("b", env={})
+    front.call("list")
+    assert front.starts() == 1
+    cases = {
+        "fifo": lambda p: os.mkfifo(p),
+        "dir": lambda p: os.mkdir(p),
+        "dangling": lambda p: os.symlink(str(tmp_path / "nowhere"), p),
+        "eio": lambda p: os.symlink("/proc/self/mem", p),  # a regular file: read fails
+        "missing": lambda p: None,
+    }
+    for n, (name, make) in enumerate(cases.items(), start=2):
+        bundle = tmp_path / name
+        bundle.mkdir()
+        make(str(bundle / "config.json"))
+        proc = front.call("create", "-b", str(bundle), "x")
+        assert proc.returncode == 1 and "config.json" in proc.stderr, name
+        assert front.starts() == n, name
+    assert front.calls() == ["plain list"]
+
+
+def test_stale_exec_marker_goes_to_python(front):
+    """A no-GPU container reusing the id of one nvshim prepared: Python drops the marker
+    (an exec would otherwise start Python for nothing)."""
+    bundle = front.bundle("b", env={})
+    front.call("list")
+    marker = os.path.join(front.cache, "exec", "reused-id")
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    open(marker, "w").close()
+    front.call("create", "-b", bundle, "reused-id")
+    assert front.starts() == 2 and not os.path.exists(marker)
+    front.call("create", "-b", bundle, "reused-id")
+    assert front.starts() == 2
+    assert front.calls()[1:] == [f"plain create -b {bundle} reused-id"] * 2
+
+
+def test_configured_cdi_kind_follows_config_edits(front):
+    bundle = front.bundle("b", env={}, annotations={"cdi.k8s.io/x": "acme.io/accel=0"})
+    front.call("list")
+    front.call("create", "-b", bundle, "x")
+    assert (front.starts(), front.calls()[-1]) == (1, f"plain create -b {bundle} x")
+    front.configure('cdi-vendor = "acme.io"\ncdi-class = "accel"\n')
+    front.call("create", "-b", bundle, "x")
+    assert (front.starts(), front.calls()[-1]) == (2, f"edited create -b {bundle} x")
+    # that create refreshed the front's cache: the next no-GPU create needs no Python
+    plain = front.bundle("c", env={}, annotations={"cdi.k8s.io/x": "nvidia.com/tpu=0"})
+    front.call("create", "-b", plain, "y")
+    assert (front.starts(), front.calls()[-1]) == (2, f"plain create -b {plain} y")
+
+
+def test_first_create_writes_the_cache_and_keeps_it(front):
+    """No pass-through call needed: the first create through Python leaves the cache, a
+    later create through Python does not rewrite it."""
+    gpu = front.bundle("g")
+    front.call("create", "-b", gpu, "g1")
+    entry = os.path.join(front.cache, "runtime-front")
+    identity = os.stat(entry).st_ino, os.stat(entry).st_mtime_ns
+    plain = front.bundle("p", env={})
+    front.call("create", "-b", plain, "p1")
+    assert front.starts() == 1
+    gpu = front.bundle("g2")
+    front.call("create", "-b", gpu, "g2")
+    assert front.starts() == 2
+    assert (os.stat(entry).st_ino, os.stat(entry).st_mtime_ns) == identity
+    lines = open(entry).read().split("\n")
+    assert lines[3:5] == ["NVIDIA_", "CUDA_VERSION"] and "nvidia.com/gpu" in lines
+
+
+def test_real_runc_no_gpu_create_untouched_gpu_create_edited(tmp_path, sim_hosts):
+    """Through real runc: a no-GPU container created and started with no Python start,
+    its config.json byte-identical; a GPU container still gets its GPU."""
+    bin_dir, starts, base_env = counting_launchers(tmp_path)
+    config = write_config(
+        tmp_path / "config.toml",
+        sim_hosts("single"),
+        bin_dir,
+        tmp_path / "state",
+        tmp_path / "nvshim.log",
+        accept_env_unprivileged=True,
+    )
+    runtime = os.path.join(bin_dir, "nvshim-runtime")
+    root = str(tmp_path / "runc-root")
+    env = {**base_env, "NVSHIM_CONFIG": config}
+    show = ["/bin/sh", "-c", "echo DEV: $(ls /dev | grep nvidia)"]
+
+    def call(*argv, **kw):
+        return subprocess.run([runtime, "--root", root, *argv], env=env, timeout=60, **kw)
+
+    call("list", capture_output=True)
+    assert count_lines(starts) == 1
+    plain = make_bundle(tmp_path, make_busybox_rootfs(tmp_path / "r1"), show, name="plain")
+    before = open(os.path.join(plain, "config.json"), "rb").read()
+    out = tmp_path / "plain.out"
+    with open(out, "w") as fh:  # create's child keeps stdout until it exits: a file
+        proc = call("create", "--bundle", plain, "plain", stdout=fh, stderr=fh)
+    assert proc.returncode == 0, out.read_text()
+    assert call("start", "plain").returncode == 0
+    for _ in range(200):
+        state = call("state", "plain", capture_output=True, text=True)
+        if json.loads(state.stdout)["status"] == "stopped":
+            break
+        time.sleep(0.05)
+    assert call("delete", "plain").returncode == 0
+    assert out.read_text() == "DEV:\n"
+    assert open(os.path.join(plain, "config.json"), "rb").read() == before
+    assert count_lines(starts) == 1  # create, start, state, delete: no Python
+    gpu = make_bundle(tmp_path, make_busybox_rootfs(tmp_path / "r2"), show, env=GPU_ENV)
+    proc = runc_run(gpu, "gpu", runtime=runtime, root=root, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "nvidia0" in proc.stdout.split()
+    assert "nvshim.io/injected" in json.load(open(os.path.join(gpu, "config.json")))["annotations"]
+    assert count_lines(starts) > 1

@@ -37,5 +37,8 @@ def load_spec(bundle: str) -> dict[str, Any]:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as err:
         raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
-    with os.fdopen(fd, "rb") as fh:
-        return read_json_object(fh, MAX_SPEC_BYTES, path)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            return read_json_object(fh, MAX_SPEC_BYTES, path)
+    except OSError as err:  # a directory, a file the kernel will not read
+        raise NvshimError(f"{path}: cannot read: {err.strerror}") from None

@@ -334,6 +334,26 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
     )
 
 
+# The words whose absence from a config.json's text proves ``request_from_spec`` returns
+# None for it: the sh front (``nvshim.runtime.front``) greps for them and hands a
+# create/run whose config.json has none straight to the low-level runtime. Every source
+# above (and every name of nvshim's own, ``nvshim.io/...`` annotations and ``NVSHIM_...``
+# env) must be covered; a JSON escape (``\u004e``, ``\/``) could hide a name from a
+# fixed-string match, so any such escape counts as a word too.
+TRIGGERS = ("NVIDIA_", "CUDA_VERSION", DEVICES_DIR[-1], "nvshim.io/", "NVSHIM_", "\\u", "\\/")
+
+
+def request_triggers(policy: dict | None) -> tuple[str, ...]:
+    """``TRIGGERS`` and the configured CDI kind (``<cdi-vendor>/<cdi-class>``). A kind
+    holding a character JSON writes only escaped (a quote, a backslash, a control
+    character) adds a lone backslash: then any escape at all sends the spec to Python."""
+    kind = f"{_policy(policy, 'cdi-vendor')}/{_policy(policy, 'cdi-class')}"
+    words = (*TRIGGERS, kind)
+    if any(c in '"\\' or ord(c) < 0x20 for c in kind):
+        words += ("\\",)
+    return words
+
+
 def rdma_ask(spec: dict, env: dict[str, str]) -> tuple[str, str] | None:
     """The pairing request: the ``nvshim.io/rdma`` annotation, else ``NVSHIM_RDMA``."""
     annotations = spec.get("annotations")

@@ -1,13 +1,23 @@
 """The low-level runtime for calls nvshim does not edit, and the cache the ``nvshim-runtime``
-front (a POSIX sh script, ``nvshim.launch``) reads so that those calls never start Python.
+front (a POSIX sh script, ``nvshim.runtime.front``) reads so that those calls, and a
+create/run whose ``config.json`` cannot ask for a GPU, never start Python.
 
-The cache file (``runtime-front`` in the cache directory) has three lines: nvshim's
-version, the configuration file's path, ``present`` or ``missing`` (that file); then a
-``PATH`` line and the runtime resolved with it, for up to ``MAX_PATHS`` callers' PATHs.
-The front uses it only when it is a regular file owned by the
-caller, every line matches its own call, the runtime is still executable and the file is
-newer than the configuration file (a config edit misses the cache until Python resolves
-the runtime again). Python writes it only when no value holds a newline.
+The cache file (``runtime-front`` in the cache directory)::
+
+    nvshim VERSION
+    CONFIG FILE                 its path
+    present | missing           that file
+    TRIGGER                     one a line, at least one: nvshim.policy.request_triggers
+    ...
+    (an empty line)
+    PATH                        a caller's PATH
+    RUNTIME                     the runtime resolved with it (up to MAX_PATHS pairs)
+    ...
+
+The front uses it only when it is a regular file owned by the caller, every line matches
+its own call, the runtime is still executable and the file is newer than the
+configuration file (a config edit misses the cache until Python writes it again). Python
+writes it only when no value holds a newline, and only when it is not current already.
 """
 
 from __future__ import annotations
@@ -38,36 +48,67 @@ def _identity(path: str) -> tuple | None:
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def resolve_and_remember() -> str:
-    """Resolve the low-level runtime from the configuration and write the front's cache
-    (unless the configuration changed meanwhile). Raises NvshimError when none is found."""
-    from nvshim.runtime.lowlevel import resolve
+def _pairs(lines: list[str]) -> list[list[str]]:
+    return [lines[i : i + 2] for i in range(0, len(lines) - 1, 2)]
 
-    path = config_file()
-    before = _identity(path)
-    runtime = resolve(None)
-    head = [f"nvshim {__version__}", path, "missing" if before is None else "present"]
-    mine = [os.environ.get("PATH", ""), runtime]
-    if any("\n" in v for v in (*head, *mine)):
-        return runtime
-    from nvshim.filecache import write_entry
+
+def _trusted_pairs(entry: str, head: list[str], config_mtime: int | None):
+    """The (PATH, runtime) pairs of the entry on disk, when it was written for this
+    configuration (same head and triggers, newer than the configuration file: every pair
+    in it was then resolved with the file as it is), and whether every shell's ``-nt``
+    sees it newer (some compare whole seconds). An entry we cannot trust is removed
+    (never inherit its owner or mode)."""
     from nvshim.trusted import read_trusted
 
-    entry = entry_file()
-    # one (PATH, runtime) pair per caller's PATH (engines differ), the newest first
     raw = read_trusted(entry, 1 << 16)
-    if raw is None:  # absent, or not one we can trust: never inherit its owner or mode
+    if raw is None:
         try:
             os.unlink(entry)
         except OSError:
             pass
-    raw = raw or b""
+        return [], False
     lines = raw.decode("utf-8", "surrogateescape").split("\n")[:-1]
-    pairs = [mine]
-    if lines[:3] == head:
-        old = lines[3:]
-        pairs += [old[i : i + 2] for i in range(0, len(old) - 1, 2) if old[i] != mine[0]]
-    text = "".join(f"{v}\n" for v in head + [v for pair in pairs[:MAX_PATHS] for v in pair])
+    if lines[: len(head)] != head:
+        return [], False
+    settled = True
+    if config_mtime is not None:
+        try:
+            mtime = os.stat(entry).st_mtime_ns
+        except OSError:
+            return [], False
+        if mtime <= config_mtime:
+            return [], False
+        settled = mtime // 10**9 > config_mtime // 10**9
+    return _pairs(lines[len(head) :]), settled
+
+
+def resolve_and_remember() -> str:
+    """Resolve the low-level runtime from the configuration and bring the front's cache up
+    to date (unless the configuration changed meanwhile). Raises NvshimError when none is
+    found."""
+    from nvshim.config import load_config
+    from nvshim.policy.request import request_triggers
+    from nvshim.runtime.lowlevel import runtime_for
+
+    path = config_file()
+    before = _identity(path)
+    config = load_config()  # read after `before`: an edit from now on misses the entry
+    runtime = runtime_for(config)
+    triggers = list(request_triggers(config.values["policy"]))
+    status = "missing" if before is None else "present"
+    head = [f"nvshim {__version__}", path, status, *triggers, ""]
+    mine = [os.environ.get("PATH", ""), runtime]
+    if any("\n" in v for v in (*head, *mine)) or not all(triggers):
+        return runtime
+    entry = entry_file()
+    pairs, settled = _trusted_pairs(entry, head, None if before is None else before[2])
+    if settled and mine in pairs:
+        return runtime
+    # one (PATH, runtime) pair per caller's PATH (engines differ), the newest first
+    pairs = [mine, *(p for p in pairs if p[0] != mine[0])][:MAX_PATHS]
+    text = "".join(f"{v}\n" for v in head + [v for pair in pairs for v in pair])
+    from nvshim.filecache import write_entry
+
     write_entry(entry, text.encode("utf-8", "surrogateescape"))
     if _identity(path) != before:  # edited while we read it: the entry may be stale
         try:

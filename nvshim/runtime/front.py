@@ -5,13 +5,23 @@ An engine calls its runtime for every ``state``, ``kill``, ``delete``, ``start``
 every container; starting Python for each costs more than runc itself. The front reads
 the global flags (runc's table, from ``nvshim.runtime.args``) up to the command and:
 
-- ``create``/``run``: starts Python (which edits the bundle);
+- ``create``/``run``: reads the command's own flags as runc does to find the bundle and
+  the container id, then starts Python (which edits the bundle) unless ``config.json``
+  is a regular file in which ``grep -F`` finds none of the words that could make nvshim
+  edit it (``nvshim.policy.request_triggers``: ``NVIDIA_``, ``CUDA_VERSION``, the
+  configured CDI kind, JSON escapes...). A spec that cannot ask for a GPU is left
+  byte-identical by Python anyway, so it goes to the low-level runtime directly; so does
+  a help request. An exec marker left for the id (a container nvshim prepared once)
+  sends it to Python, which drops the marker;
 - ``exec``: starts Python only when the container id has a marker (nvshim prepared it);
 - anything else: execs the low-level runtime named in nvshim's cache (written by Python,
-  ``nvshim.runtime.passthrough``); on a cache miss Python resolves it.
+  ``nvshim.runtime.passthrough``, with the trigger words of the configuration); on a
+  cache miss Python resolves it.
 
-Whatever it cannot classify (an unknown flag, ``--flag=BOOL`` forms, an odd container id)
-goes to Python, which parses the whole line as runc does. Nothing is compiled on the node.
+Whatever it cannot classify (an unknown flag, ``--flag=BOOL`` forms, two bundle flags, not
+exactly one container id, an odd id, no grep at ``/usr/bin/grep`` or ``/bin/grep``, a
+grep error) goes to Python, which parses the whole line as runc does. Nothing is
+compiled on the node.
 """
 
 from __future__ import annotations

@@ -649,3 +649,15 @@ def test_trigger_words_name_the_configured_kind():
     # wrong types fall back to the defaults, as request_from_spec does
     assert "nvidia.com/gpu" in request_triggers(policy(cdi_vendor=5))
     assert "\\" in request_triggers(policy(cdi_class='g"pu'))
+
+
+def test_spec_text_is_utf8_only(tmp_path):
+    """The front greps the bytes: a spec in another encoding (UTF-16 hides every ASCII
+    word behind NUL bytes) must be one the runtime refuses to read, not one it edits."""
+    from nvshim.oci.bundle import load_spec
+
+    spec = spec_with(["NVIDIA_VISIBLE_DEVICES=all"], PRIV)
+    for codec in ("utf-16", "utf-16-le", "utf-32"):
+        (tmp_path / "config.json").write_bytes(json.dumps(spec).encode(codec))
+        with pytest.raises(NvshimError, match="config.json"):
+            load_spec(str(tmp_path))

@@ -211,18 +211,28 @@ printf '%s %s\\n' "$s" "$*" >> {log}
 """
 
 
-def counting_launchers(tmp_path) -> tuple[str, object, dict[str, str]]:
-    """Launchers (in ``tmp_path/bin``) whose interpreter records every start in a file,
-    with their own cache directory (exec markers and the front's cache of one test);
-    returns the bin directory, that file and the environment for the runtime."""
+def counting_runtime(tmp_path, host):
+    """``nvshim-runtime`` (in ``tmp_path/bin``) whose interpreter records every start in
+    a file, with a config for the simulated ``host`` and a cache directory of its own
+    (exec markers and the front's cache of one test). Returns the runtime, that file,
+    the environment to call it with (config and cache directory named) and the config."""
     log = tmp_path / "python-starts"
     counter = tmp_path / "python"
     counter.write_text(_COUNTER.format(log=log, python=real_interpreter()))
     counter.chmod(0o755)
-    bin_dir = tmp_path / "bin"
+    bin_dir = str(tmp_path / "bin")
     cache = str(tmp_path / "cache")
-    write_launchers(str(bin_dir), interpreter=str(counter), cache_dir=cache)
-    return str(bin_dir), log, {**RUNC_ENV, "NVSHIM_CACHE_DIR": cache}
+    write_launchers(bin_dir, interpreter=str(counter), cache_dir=cache)
+    config = write_config(
+        tmp_path / "config.toml",
+        host,
+        bin_dir,
+        tmp_path / "state",
+        tmp_path / "nvshim.log",
+        accept_env_unprivileged=True,
+    )
+    env = {**RUNC_ENV, "NVSHIM_CACHE_DIR": cache, "NVSHIM_CONFIG": config}
+    return os.path.join(bin_dir, "nvshim-runtime"), log, env, config
 
 
 def count_lines(path) -> int:
@@ -233,21 +243,12 @@ def count_lines(path) -> int:
 def front(tmp_path, sim_hosts):
     """Launchers whose interpreter records every start, a fake low-level runtime that
     records every call, and bundles (a GPU bundle unless told otherwise)."""
-    bin_dir, log, base_env = counting_launchers(tmp_path)
+    runtime, log, base_env, config = counting_runtime(tmp_path, sim_hosts("single"))
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     calls = tmp_path / "runc-calls"
     fake = tmp_path / "fake-runc"
-    config = write_config(
-        tmp_path / "config.toml",
-        sim_hosts("single"),
-        bin_dir,
-        tmp_path / "state",
-        tmp_path / "nvshim.log",
-        accept_env_unprivileged=True,
-    )
 
     class Front:
-        runtime = os.path.join(bin_dir, "nvshim-runtime")
         cache = base_env["NVSHIM_CACHE_DIR"]
 
         def bundle(self, name, env=GPU_ENV, **kw):
@@ -258,9 +259,13 @@ def front(tmp_path, sim_hosts):
             return path
 
         def call(self, *argv, cwd=None):
-            env = {**base_env, "NVSHIM_CONFIG": self.config}
             return subprocess.run(
-                [self.runtime, *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+                [self.runtime, *argv],
+                env=base_env,
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
 
         def starts(self) -> int:
@@ -280,7 +285,7 @@ def front(tmp_path, sim_hosts):
     past = os.stat(config).st_mtime_ns - 10 * 10**9  # an entry written now is settled
     os.utime(config, ns=(past, past))
     f = Front()
-    f.config = config
+    f.runtime, f.config = runtime, config
     return f
 
 
@@ -307,19 +312,26 @@ def test_pass_through_calls_never_start_python(front, tmp_path):
     assert front.calls()[-len(vectors) :] == [f"plain {' '.join(v)}" for v in vectors]
 
 
+# create/run lines in the forms the front reads itself ({b}: the bundle)
+CREATE_FORMS = [
+    ["create", "--bundle", "{b}", "create"],
+    ["create", "run", "--bundle", "{b}"],
+    ["create", "-b={b}", "run"],
+    ["create", "--bundle={b}", "--pid-file=/p", "x"],
+    ["--root", "/r", "--debug", "create", "-b", "{b}", "x"],
+    ["--root=create", "run", "-d", "--bundle", "{b}", "x"],
+    ["--", "create", "--b", "{b}", "x"],
+    ["run", "--bundle", "{b}", "--", "x"],
+    ["create", "--console-socket", "/s", "x", "-b", "{b}"],
+]
+
+
 @pytest.mark.parametrize(
     "argv",
     [
-        ["create", "--bundle", "{b}", "create"],
-        ["create", "run", "--bundle", "{b}"],
-        ["create", "-b={b}", "run"],
-        ["create", "--bundle={b}", "--pid-file=/p", "x"],
-        ["--root", "/r", "--debug", "create", "-b", "{b}", "x"],
-        ["--root=create", "run", "-d", "--bundle", "{b}", "x"],
+        *CREATE_FORMS,
         ["--debug=true", "create", "-bundle", "{b}", "x"],
-        ["--", "create", "--b", "{b}", "x"],
         ["run", "--no-pivot=true", "--bundle", "{b}", "--", "x"],
-        ["create", "--console-socket", "/s", "x", "-b", "{b}"],
     ],
 )
 def test_create_never_reaches_runc_unedited(front, argv):
@@ -393,15 +405,7 @@ def test_front_ignores_a_cache_it_cannot_trust(front):
 # --- the front: a create/run that cannot ask for a GPU never starts Python ----------------
 
 NO_GPU_FORMS = [
-    ["create", "--bundle", "{b}", "create"],
-    ["create", "run", "--bundle", "{b}"],
-    ["create", "-b={b}", "run"],
-    ["create", "--bundle={b}", "--pid-file=/p", "x"],
-    ["--root", "/r", "--debug", "create", "-b", "{b}", "x"],
-    ["--root=create", "run", "-d", "--bundle", "{b}", "x"],
-    ["--", "create", "--b", "{b}", "x"],
-    ["run", "--bundle", "{b}", "--", "x"],
-    ["create", "--console-socket", "/s", "x", "-b", "{b}"],
+    *CREATE_FORMS,
     ["run", "-bundle={b}", "--keep", "--no-subreaper", "--preserve-fds", "0", "x"],
     ["create", "--pid-file", "-b", "--bundle", "{b}", "x"],  # '-b' is the pid file
     ["create", "-b", "{b}", "--", "-"],
@@ -582,18 +586,8 @@ def test_first_create_writes_the_cache_and_keeps_it(front):
 def test_real_runc_no_gpu_create_untouched_gpu_create_edited(tmp_path, sim_hosts):
     """Through real runc: a no-GPU container created and started with no Python start,
     its config.json byte-identical; a GPU container still gets its GPU."""
-    bin_dir, starts, base_env = counting_launchers(tmp_path)
-    config = write_config(
-        tmp_path / "config.toml",
-        sim_hosts("single"),
-        bin_dir,
-        tmp_path / "state",
-        tmp_path / "nvshim.log",
-        accept_env_unprivileged=True,
-    )
-    runtime = os.path.join(bin_dir, "nvshim-runtime")
+    runtime, starts, env, config = counting_runtime(tmp_path, sim_hosts("single"))
     root = str(tmp_path / "runc-root")
-    env = {**base_env, "NVSHIM_CONFIG": config}
     show = ["/bin/sh", "-c", "echo DEV: $(ls /dev | grep nvidia)"]
 
     def call(*argv, **kw):

@@ -207,7 +207,8 @@ sys.path[0:0] = {roots!r}
 from nvshim.config import load_config
 from nvshim.edits import ContainerEdits, DeviceNode, Hook, Mount
 from nvshim.hook import apply
-from nvshim.hook.main import Context, apply_edits, finishing_steps, run_steps
+from nvshim.hook.main import apply_edits
+from nvshim.hook.steps import Context, finishing_steps, run_steps
 from nvshim.hook.state import load_spec, read_state, rootfs_path
 edits_file, config_file, out_file, mode = sys.argv[1:5]
 state = read_state(sys.stdin.buffer)
@@ -381,3 +382,14 @@ def hook_env_names() -> str:
 
 def _cache_env() -> list[str]:
     return [f"{k}={v}" for k, v in CACHE_ENV.items()]
+
+
+def counting_interpreter(path: str | os.PathLike, log: str | os.PathLike) -> str:
+    """An interpreter at ``path`` that appends a line to ``log`` for every start, then
+    runs the real one: launchers written with it show how many Pythons a call started."""
+    from nvshim.launch import real_interpreter
+
+    with open(path, "w") as fh:
+        fh.write(f'#!/bin/sh\necho start >> {log}\nexec {real_interpreter()} "$@"\n')
+    os.chmod(path, 0o755)
+    return os.fspath(path)

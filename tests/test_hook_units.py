@@ -24,9 +24,9 @@ from nvshim.hook.ldconfig import (
     unreachable,
     update_ldcache,
 )
-from nvshim.hook.main import finishing_steps
 from nvshim.hook.params import without_modification
 from nvshim.hook.state import load_spec, read_state, rootfs_path
+from nvshim.hook.steps import finishing_steps
 from tests.runc_util import build_stub_library, in_private_mount_ns
 
 GOOD_STATE = {"ociVersion": "1.0.2", "id": "c1", "pid": 42, "bundle": "/b", "status": "created"}

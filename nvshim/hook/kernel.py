@@ -101,6 +101,19 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) 
     return _check(result, "openat2")
 
 
+_host_proc: int | None = None
+
+
+def host_proc() -> int:
+    """An fd of the procfs this process sees on first use: call it before ``setns``.
+    After entering a container's mount namespace ``/proc`` is the container's, whose pid
+    namespace does not hold this process; ``self/...`` under this fd still names it."""
+    global _host_proc
+    if _host_proc is None:
+        _host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return _host_proc
+
+
 def setns(fd: int, nstype: int) -> None:
     """Move the calling (single-threaded) process into the namespace ``fd`` refers to."""
     _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")

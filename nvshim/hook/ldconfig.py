@@ -25,6 +25,7 @@ import time
 from nvshim.errors import NvshimError
 from nvshim.hook import kernel
 from nvshim.hook.fsroot import RootFS, RootPathError, normalize
+from nvshim.hook.mountinfo import mounts
 from nvshim.ldcache import LdCacheError, parse_ld_cache
 
 HOST_LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
@@ -266,7 +267,7 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
 
 def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
     """Run the host ldconfig (``ldconfig_fd``) chrooted into ``root`` in a sealed child."""
-    root_path = os.readlink(f"/proc/self/fd/{root.fd}")
+    root_path = os.readlink(f"self/fd/{root.fd}", dir_fd=kernel.host_proc())
     root_id = os.fstat(root.fd)
     read_end, write_end = os.pipe()
     child = os.fork()
@@ -326,8 +327,6 @@ def _enter_sealed_root(root_path: str, root_id: tuple[int, int]) -> None:
 
 def _proc_mounts_under(root_path: str) -> list[str]:
     """Mount points of procfs mounts at or below ``root_path`` (from mountinfo)."""
-    from nvshim.hook.mountinfo import mounts
-
     prefix = root_path.rstrip("/") + "/"
     found = []
     for point, fstype, _options in mounts():

@@ -10,111 +10,16 @@ from __future__ import annotations
 import os
 import sys
 
-from nvshim.config import Config, load_config
+from nvshim.config import load_config
 from nvshim.errors import NvshimError
-from nvshim.hook import FINISHERS
-from nvshim.hook.args import HelpRequested, HookArgs, parse_args, parse_finish, parse_step
+from nvshim.hook.args import HelpRequested, HookArgs, parse_args, parse_finish
+from nvshim.hook.steps import Context, finishing_steps, run_steps
 from nvshim.log import log_decision
-from nvshim.record import record
-
-TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
 
 TOOL = "nvshim-hook"
 # Variables that must never reach a root hook (a hook entry without an explicit env):
 # logged so the misconfiguration is visible.
 RISKY_ENV = ("LD_", "PYTHON")
-
-
-@record
-class Context:
-    """What the steps share: the configuration and host fds opened before entering."""
-
-    config: Config
-    ldconfig_fd: int | None = None
-
-
-def _step_symlinks(root, args, ctx: Context) -> dict:
-    from nvshim.hook.symlinks import create_symlinks
-
-    return create_symlinks(root, args.link)
-
-
-def _step_ldcache(root, args, ctx: Context) -> dict:
-    from nvshim.hook.ldconfig import update_ldcache
-
-    if ctx.ldconfig_fd is None:  # run_steps opens it before entering the container
-        raise NvshimError("update-ldcache: the host ldconfig was not opened")
-    return update_ldcache(root, args.folder, ctx.ldconfig_fd)
-
-
-def _step_params(root, args, ctx: Context) -> dict:
-    from nvshim.hook.params import disable_device_node_modification
-
-    config = ctx.config
-    return disable_device_node_modification(
-        root, config.dev_root, config.get("runtime", "state-dir")
-    )
-
-
-STEPS: dict[str, Callable[[Any, HookArgs, Context], dict]] = {
-    "create-symlinks": _step_symlinks,
-    "update-ldcache": _step_ldcache,
-    "disable-device-node-modification": _step_params,
-}
-
-
-def run_steps(
-    pid: int,
-    rootfs: str,
-    steps: list[HookArgs],
-    ctx: Context,
-    before: Callable[[Any], dict] | None = None,
-) -> dict:
-    """Run ``before`` then each step on the container root, in the container's mount
-    namespace. Host files the steps need are opened first, in the current namespace."""
-    from nvshim.hook.fsroot import RootFS
-    from nvshim.hook.namespace import in_mount_ns
-
-    for step in steps:
-        if step.command == "update-ldcache" and ctx.ldconfig_fd is None:
-            from nvshim.hook.ldconfig import open_host_ldconfig
-
-            ctx.ldconfig_fd = open_host_ldconfig(step.ldconfig)
-
-    def work() -> dict:
-        try:
-            root = RootFS(rootfs)
-        except OSError as err:
-            raise NvshimError(f"{rootfs}: cannot open the container root: {err.strerror}") from None
-        with root:
-            fields: dict = {}
-            if before is not None:
-                fields.update(before(root))
-            for step in steps:
-                fields.update(STEPS[step.command](root, step, ctx))
-            return fields
-
-    return in_mount_ns(pid, work)
-
-
-def finishing_steps(hooks) -> tuple[list[HookArgs], list[str]]:
-    """The ``nvshim-hook <finisher> ...`` entries of ``hooks`` parsed for in-process runs,
-    and a description of the entries that are not ours (not run)."""
-    steps, others = [], []
-    for hook in hooks:
-        args = list(hook.args)
-        if len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] in FINISHERS:
-            steps.append(parse_step(args[1:]))
-        elif len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] == "finish":
-            steps.extend(parse_finish(args[2:]))
-        elif len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] == "rdma-pair":
-            continue  # host side: apply_edits runs it
-        else:
-            others.append(" ".join(args[:2]) or hook.path)
-    return steps, others
 
 
 def prestart(state, ctx: Context) -> dict | None:
@@ -250,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         log_decision(config, TOOL, container_id, error=error, annotations=pod, step=args.command)
         return err.exit_code if isinstance(err, NvshimError) else 1
     finally:
-        if ctx.ldconfig_fd is not None:
-            os.close(ctx.ldconfig_fd)
+        ctx.close()
     risky = ",".join(sorted(k for k in os.environ if k.startswith(RISKY_ENV))) or None
     if fields is not None or risky:
         log_decision(

@@ -3,6 +3,10 @@ No ``re``: the hook imports it for every GPU container."""
 
 from __future__ import annotations
 
+import os
+
+from nvshim.hook.kernel import host_proc
+
 _OCTAL = frozenset("01234567")
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
@@ -28,9 +32,15 @@ def unescape(field: str) -> str:
     return "".join(out)
 
 
-def mounts(path: str = "/proc/self/mountinfo") -> Iterator[tuple[str, str, list[str]]]:
-    """``(mount point, fstype, super options)`` for each line of a mountinfo file."""
-    with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+def mounts(path: str | None = None) -> Iterator[tuple[str, str, list[str]]]:
+    """``(mount point, fstype, super options)`` for each line of a mountinfo file;
+    this process's own (through the host procfs, ``kernel.host_proc``) by default."""
+    if path is None:
+        fd = os.open("self/mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=host_proc())
+        source: int | str = fd
+    else:
+        source = path
+    with open(source, encoding="utf-8", errors="surrogateescape") as fh:
         for line in fh:
             left, _, right = line.partition(" - ")
             fields, rest = left.split(), right.split()

@@ -58,6 +58,7 @@ def in_mount_ns(pid: int, fn: Callable[..., Any], *args: Any) -> Any:
     if same_mount_ns(pid):
         return fn(*args)
     ns_fd = os.open(_ns_path(pid), os.O_RDONLY | os.O_CLOEXEC)
+    kernel.host_proc()  # opened now: inside, /proc is the container's
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -38,20 +38,25 @@ def without_modification(text: str) -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def disable_device_node_modification(root: RootFS, dev_root: str, state_dir: str) -> dict:
-    """Mount the rewritten params file over the container's; no-op when the host has no
-    params file or the container no target. Returns log fields."""
+def host_params(dev_root: str) -> tuple[str | None, bytes | None]:
+    """The host half, run before entering the container: ``(log value, None)`` when
+    nothing is to be done (no params file on the host, or it already says 0), else
+    ``(None, the rewritten file)``."""
     source = host_path(dev_root, PARAMS)
     try:
         with open(source, "rb") as fh:
             text = fh.read(MAX_PARAMS_BYTES).decode("utf-8", "replace")
     except FileNotFoundError:
-        return {"params": "absent-on-host"}
+        return "absent-on-host", None
     except OSError as err:
         raise NvshimError(f"{source}: cannot read: {err.strerror}") from None
     new = without_modification(text)
-    if new is None:
-        return {"params": "already-0"}
+    return ("already-0", None) if new is None else (None, new.encode())
+
+
+def mount_params(root: RootFS, tree: int) -> dict:
+    """The container half: mount the detached copy ``tree`` (a ``private_file_tree``
+    made on the host) over the container's params file. Returns log fields."""
     try:
         target = root.open(PARAMS, os.O_PATH)
     except (FileNotFoundError, NotADirectoryError):
@@ -62,8 +67,17 @@ def disable_device_node_modification(root: RootFS, dev_root: str, state_dir: str
         if not stat.S_ISREG(os.fstat(target).st_mode):
             raise NvshimError(f"{PARAMS} in the container root: not a regular file")
         attrs = bind.BASE_ATTRS | bind.kernel.MOUNT_ATTR_RDONLY | bind.kernel.MOUNT_ATTR_NOEXEC
-        with bind.private_file_tree(new.encode(), state_dir, "params") as tree:
-            bind.attach(tree, target, attrs, PARAMS)
+        bind.attach(tree, target, attrs, PARAMS)
     finally:
         os.close(target)
     return {"params": "ModifyDeviceFiles=0"}
+
+
+def disable_device_node_modification(root: RootFS, dev_root: str, state_dir: str) -> dict:
+    """Both halves in one process (its mount namespace is the container's and the host's
+    files are in reach). Returns log fields."""
+    shown, data = host_params(dev_root)
+    if data is None:
+        return {"params": shown}
+    with bind.private_file_tree(data, state_dir, "params") as tree:
+        return mount_params(root, tree)

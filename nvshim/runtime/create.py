@@ -37,11 +37,25 @@ def mark_prepared(container_id: str, prepared: bool = True) -> None:
         raise NvshimError(f"{directory}: cannot write the exec marker: {err.strerror}") from None
 
 
-def prepare_bundle(bundle: str, container_id: str) -> Config:
+class Prepared:
+    """What ``prepare_bundle`` leaves for the caller: the configuration (its runtime
+    list), the finishing steps deferred to the runtime (``finish_here``) with the
+    container root and annotations they need."""
+
+    __slots__ = ("config", "steps", "rootfs", "annotations")
+
+    def __init__(self, config: Config, steps=(), rootfs: str = "", annotations=None) -> None:
+        self.config, self.steps, self.rootfs = config, list(steps), rootfs
+        self.annotations = annotations
+
+
+def prepare_bundle(bundle: str, container_id: str, finish_here: bool = False) -> Prepared:
     """Edit the bundle for a GPU request; a non-GPU container's file stays byte-identical.
 
-    Returns the loaded configuration (the caller needs its runtime list). Raises
-    NvshimError (logged) when the request cannot be satisfied.
+    ``finish_here`` (``create``): the finishing steps are left out of the spec and
+    returned for the runtime to run after the low-level create
+    (``nvshim.runtime.finish``). Raises NvshimError (logged) when the request cannot be
+    satisfied.
     """
     config = load_config()
     spec = load_spec(bundle)
@@ -58,16 +72,23 @@ def prepare_bundle(bundle: str, container_id: str) -> Config:
     if selection is None or selection.edits.is_empty():
         mark_prepared(container_id, prepared=False)
     if selection is None:
-        return config
+        return Prepared(config)
     if selection.edits.is_empty():
         log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
-        return config
+        return Prepared(config)
     from nvshim.fsutil import atomic_write
     from nvshim.oci.modify import apply_edits
 
-    apply_edits(spec, selection.edits, [d.uuid for d in selection.devices])
+    edits, steps, rootfs = selection.edits, [], ""
+    if finish_here:
+        from nvshim.hook.state import rootfs_path
+        from nvshim.runtime.finish import split_finishers
+
+        edits, steps = split_finishers(edits)
+        rootfs = rootfs_path(spec, bundle) if steps else ""
+    apply_edits(spec, edits, [d.uuid for d in selection.devices])
     data = fastjson.dumps(spec).encode()
     mark_prepared(container_id)
     atomic_write(os.path.join(bundle, "config.json"), data, backup=False, durable=False)
     log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
-    return config
+    return Prepared(config, steps, rootfs, pod)

@@ -50,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
             from nvshim.runtime.lowlevel import resolve
 
             bundle = args.bundle or os.getcwd()
-            runtime = resolve(prepare_bundle(bundle, args.container_id))
+            prepared = prepare_bundle(bundle, args.container_id, args.action == "create")
+            runtime = resolve(prepared.config)
+            if prepared.steps:
+                from nvshim.runtime.finish import create_and_finish
+
+                return create_and_finish(runtime, argv, args, prepared)
         else:
             from nvshim.runtime.passthrough import resolve_and_remember
 

@@ -1,0 +1,179 @@
+"""The finishing steps (symlinks, ld cache, params) run on a container's root inside its
+mount namespace, by the ``createContainer`` hook or, for ``create``, by nvshim-runtime
+itself once runc has created the container.
+
+Each step has a host half, run first in the caller's namespace (open the host's
+ldconfig, read the host's params file and make its private copy), and a container half
+run on the container root. Nothing in a container half reads a host path: after
+``pivot_root`` the host's files and its ``/proc`` are out of reach.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim.config import Config
+from nvshim.errors import NvshimError
+from nvshim.hook import FINISHERS
+from nvshim.hook.args import HookArgs, parse_finish, parse_step
+from nvshim.record import field, record
+
+TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+TOOL = "nvshim-hook"
+
+
+@record
+class Context:
+    """What the steps share: the configuration and what their host halves opened
+    (closed by ``close``)."""
+
+    config: Config
+    ldconfig_fd: int | None = None
+    params: tuple[str | None, int | None] | None = None  # (log value, tree fd)
+    closers: list = field(default_factory=list)
+
+    def close(self) -> None:
+        """Release what the host halves opened (the private params copy last)."""
+        while self.closers:
+            self.closers.pop()()
+        if self.ldconfig_fd is not None:
+            os.close(self.ldconfig_fd)
+            self.ldconfig_fd = None
+
+
+def _host_ldcache(args: HookArgs, ctx: Context) -> None:
+    if ctx.ldconfig_fd is None:
+        from nvshim.hook.ldconfig import open_host_ldconfig
+
+        ctx.ldconfig_fd = open_host_ldconfig(args.ldconfig)
+
+
+def _host_params(args: HookArgs, ctx: Context) -> None:
+    if ctx.params is not None:
+        return
+    from nvshim.hook.bind import private_file_tree
+    from nvshim.hook.params import host_params
+
+    shown, data = host_params(ctx.config.dev_root)
+    if data is None:
+        ctx.params = (shown, None)
+        return
+    tree = private_file_tree(data, ctx.config.get("runtime", "state-dir"), "params")
+    fd = tree.__enter__()
+    ctx.closers.append(lambda: tree.__exit__(None, None, None))
+    ctx.params = (None, fd)
+
+
+def _step_symlinks(root, args, ctx: Context) -> dict:
+    from nvshim.hook.symlinks import create_symlinks
+
+    return create_symlinks(root, args.link)
+
+
+def _step_ldcache(root, args, ctx: Context) -> dict:
+    from nvshim.hook.ldconfig import update_ldcache
+
+    if ctx.ldconfig_fd is None:
+        raise NvshimError("update-ldcache: the host ldconfig was not opened")
+    return update_ldcache(root, args.folder, ctx.ldconfig_fd)
+
+
+def _step_params(root, args, ctx: Context) -> dict:
+    from nvshim.hook.params import mount_params
+
+    if ctx.params is None:
+        raise NvshimError("disable-device-node-modification: the host params were not read")
+    shown, tree = ctx.params
+    return {"params": shown} if tree is None else mount_params(root, tree)
+
+
+# step -> (the module its container half runs, host half or None, container half). The
+# module is imported on the host: from inside, nvshim's own files may be out of reach.
+STEPS: dict[str, tuple[str, Callable[[HookArgs, Context], None] | None, Callable[..., dict]]] = {
+    "create-symlinks": ("nvshim.hook.symlinks", None, _step_symlinks),
+    "update-ldcache": ("nvshim.hook.ldconfig", _host_ldcache, _step_ldcache),
+    "disable-device-node-modification": ("nvshim.hook.params", _host_params, _step_params),
+}
+
+
+def run_steps(
+    pid: int,
+    rootfs: str,
+    steps: list[HookArgs],
+    ctx: Context,
+    before: Callable[[Any], dict] | None = None,
+    pivoted: bool = False,
+) -> dict:
+    """Run each step's host half here, then ``before`` and each container half on the
+    container root in ``pid``'s mount namespace. Returns the steps' log fields.
+
+    ``pivoted``: the container has already switched to its root (after ``runc
+    create``), so the root is that namespace's ``/``, checked to be ``pid``'s root and
+    the directory ``rootfs`` names here. Otherwise (hooks) the root is ``rootfs``.
+    """
+    from nvshim.hook.fsroot import RootFS
+    from nvshim.hook.namespace import in_mount_ns, same_mount_ns
+
+    for step in steps:
+        module, host_half, _ = STEPS[step.command]
+        __import__(module)
+        if host_half is not None:
+            host_half(step, ctx)
+    expected = None
+    if pivoted:
+        if same_mount_ns(pid):
+            raise NvshimError(
+                f"{rootfs}: the container shares nvshim-runtime's mount namespace; "
+                "GPU containers need their own"
+            )
+        expected = _identity(f"/proc/{pid}/root")
+        if expected != _identity(rootfs):  # runc bind-mounts the rootfs as the root
+            raise NvshimError(f"{rootfs}: not the root of container process {pid}")
+
+    def work() -> dict:
+        try:
+            root = RootFS("/" if pivoted else rootfs)
+        except OSError as err:
+            raise NvshimError(f"{rootfs}: cannot open the container root: {err.strerror}") from None
+        with root:
+            if expected is not None:
+                st = os.fstat(root.fd)
+                if (st.st_dev, st.st_ino) != expected:
+                    raise NvshimError(f"{rootfs}: the namespace's root is not the container's")
+            fields: dict = {}
+            if before is not None:
+                fields.update(before(root))
+            for step in steps:
+                fields.update(STEPS[step.command][2](root, step, ctx))
+            return fields
+
+    return in_mount_ns(pid, work)
+
+
+def _identity(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
+    return st.st_dev, st.st_ino
+
+
+def finishing_steps(hooks) -> tuple[list[HookArgs], list[str]]:
+    """The ``nvshim-hook <finisher> ...`` entries of ``hooks`` parsed for in-process runs,
+    and a description of the entries that are not ours (not run)."""
+    steps, others = [], []
+    for hook in hooks:
+        args = list(hook.args)
+        if len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] in FINISHERS:
+            steps.append(parse_step(args[1:]))
+        elif len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] == "finish":
+            steps.extend(parse_finish(args[2:]))
+        elif len(args) >= 2 and os.path.basename(args[0]) == TOOL and args[1] == "rdma-pair":
+            continue  # host side: apply_edits runs it
+        else:
+            others.append(" ".join(args[:2]) or hook.path)
+    return steps, others

@@ -1,0 +1,129 @@
+"""``create`` with the finishing steps done by nvshim-runtime itself.
+
+For ``create`` the steps a ``createContainer`` hook would run (symlinks, ld cache,
+params) are kept out of ``config.json``: the runtime has runc create the container,
+then runs them in the container's mount namespace (``nvshim.hook.steps``: the hook's
+code, with the same fd-based safety) before it returns, while the container's process
+waits for ``start``. One interpreter per GPU create instead of two. A failed step
+deletes the container and fails the create, as a failed hook would. ``run`` keeps the
+hook: it starts the process at once.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim.edits import ContainerEdits
+from nvshim.errors import NvshimError
+
+TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
+if TYPE_CHECKING:
+    from nvshim.hook.args import HookArgs
+    from nvshim.runtime.args import RuncArgs
+    from nvshim.runtime.create import Prepared
+
+TOOL = "nvshim-runtime"
+MAX_STATE_BYTES = 1 << 20
+
+
+def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArgs]]:
+    """``edits`` without nvshim-hook's finishing-step entries, and those steps parsed."""
+    from nvshim.hook import FINISHERS
+
+    ours = [
+        h
+        for h in edits.hooks
+        if len(h.args) >= 2 and h.args[0] == "nvshim-hook" and h.args[1] in FINISHERS
+    ]
+    if not ours:
+        return edits, []
+    from nvshim.hook.steps import finishing_steps
+
+    steps, _ = finishing_steps(ours)
+    rest = [h for h in edits.hooks if h not in ours]
+    kept = ContainerEdits(edits.env, edits.device_nodes, edits.mounts, rest, edits.additional_gids)
+    return kept, steps
+
+
+def spawn(runtime: str, argv: list[str], stdout: int | None = None) -> int:
+    """Run the low-level runtime with ``argv`` (this process's stdio and environment,
+    as the exec it replaces would have) and return its exit status (128+N: signal N)."""
+    actions = [(os.POSIX_SPAWN_DUP2, stdout, 1)] if stdout is not None else []
+    pid = os.posix_spawn(runtime, [runtime, *argv], os.environ, file_actions=actions)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def container_pid(runtime: str, args: RuncArgs, argv: list[str]) -> int:
+    """The created container's init pid: from ``--pid-file`` (every engine passes one,
+    runc has written it), else from ``runc state``."""
+    pid_file = args.value("pid-file")
+    if pid_file:
+        try:
+            with open(pid_file, "rb") as fh:
+                text = fh.read(64).decode("ascii", "replace").strip()
+        except OSError as err:
+            raise NvshimError(f"{pid_file}: cannot read the pid file: {err.strerror}") from None
+        what = pid_file
+    else:
+        read_end, write_end = os.pipe()
+        try:
+            status = spawn(
+                runtime, [*argv[: args.command_index], "state", args.container_id], stdout=write_end
+            )
+        finally:
+            os.close(write_end)
+        with os.fdopen(read_end, "rb") as fh:
+            raw = fh.read(MAX_STATE_BYTES)
+        if status != 0:
+            raise NvshimError(f"{runtime} state {args.container_id}: exit status {status}")
+        from nvshim import fastjson
+
+        try:
+            state = fastjson.loads(raw)
+        except ValueError:
+            state = None
+        text = str(state.get("pid")) if isinstance(state, dict) else ""
+        what = f"{runtime} state"
+    if not text.isdigit() or int(text) <= 0:
+        raise NvshimError(f"{what}: not a container pid: {text[:20]!r}")
+    return int(text)
+
+
+def create_and_finish(runtime: str, argv: list[str], args: RuncArgs, prepared: Prepared) -> int:
+    """``runtime create``, then the deferred finishing steps; returns the exit status.
+    A failed step deletes the container and raises NvshimError (logged)."""
+    status = spawn(runtime, argv)
+    if status != 0:
+        return status  # runc said why
+    from nvshim.hook.steps import Context, run_steps
+
+    ctx = Context(prepared.config)
+    try:
+        pid = container_pid(runtime, args, argv)
+        run_steps(pid, prepared.rootfs, prepared.steps, ctx, pivoted=True)
+    except Exception as err:  # noqa: BLE001 - one logged line, then the create fails
+        from nvshim.log import log_decision
+
+        message = str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
+        delete = [*argv[: args.command_index], "delete", "--force", args.container_id]
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            spawn(runtime, delete, stdout=null)
+        finally:
+            os.close(null)
+        error = NvshimError(f"finishing steps failed, container deleted: {message}")
+        log_decision(
+            prepared.config,
+            TOOL,
+            args.container_id,
+            error=error,
+            echo=False,
+            annotations=prepared.annotations,
+            step="finish",
+        )
+        raise error from None
+    finally:
+        ctx.close()
+    return 0

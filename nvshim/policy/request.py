@@ -339,7 +339,8 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
 # create/run whose config.json has none straight to the low-level runtime. Every source
 # above (and every name of nvshim's own, ``nvshim.io/...`` annotations and ``NVSHIM_...``
 # env) must be covered; a JSON escape (``\u004e``, ``\/``) could hide a name from a
-# fixed-string match, so any such escape counts as a word too.
+# fixed-string match, so any such escape counts as a word too. A new source adds its word
+# here and its specs to the corpus of tests/test_policy_request.py, which checks this.
 TRIGGERS = ("NVIDIA_", "CUDA_VERSION", DEVICES_DIR[-1], "nvshim.io/", "NVSHIM_", "\\u", "\\/")
 
 

@@ -53,11 +53,13 @@ class Creates:
             **kw,
         )
 
-    def create(self, rootfs: str, cid: str, pid_file: bool = True) -> tuple[str, int]:
-        """(bundle, exit status); the container's output goes to ``<cid>.out``."""
+    def create(self, rootfs: str, cid: str, pid_file: bool = True, *extra: str) -> tuple[str, int]:
+        """(bundle, exit status); the container's output goes to ``<cid>.out``;
+        ``extra``: more create flags."""
         bundle = make_bundle(self.tmp, rootfs, ["/bin/sh", "-c", SHOW],
                              env={"NVIDIA_VISIBLE_DEVICES": "0"}, name=cid)  # fmt: skip
         flags = ["--pid-file", os.path.join(bundle, "pid")] if pid_file else []
+        flags += extra
         self.ids.append(cid)
         with open(self.tmp / f"{cid}.out", "w") as out:
             proc = self.call("create", *flags, "--bundle", bundle, cid, stdout=out, stderr=out)
@@ -96,11 +98,17 @@ def creates(sim_hosts, tmp_path):
     c.cleanup()
 
 
-@pytest.mark.parametrize("pid_file", [True, False], ids=["pid-file", "runc-state"])
-def test_create_finishes_the_container_in_one_interpreter(creates, pid_file):
+@pytest.mark.parametrize(
+    "pid_file, extra",
+    [(True, ()), (False, ()), (True, ("--no-pivot",))],
+    ids=["pid-file", "runc-state", "no-pivot"],
+)
+def test_create_finishes_the_container_in_one_interpreter(creates, pid_file, extra):
+    """From the pid file engines pass, else ``runc state``; with ``--no-pivot`` runc
+    moves the root instead of pivoting: the steps find the same root."""
     rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
-    cid = f"finish-{os.getpid()}-{int(pid_file)}"
-    bundle, status = creates.create(rootfs, cid, pid_file)
+    cid = f"finish-{os.getpid()}-{int(pid_file)}-{len(extra)}"
+    bundle, status = creates.create(rootfs, cid, pid_file, *extra)
     assert status == 0, creates.output(cid)
     spec = json.load(open(os.path.join(bundle, "config.json")))
     hooks = [h for stage in spec.get("hooks", {}).values() for h in stage]

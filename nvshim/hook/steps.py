@@ -100,6 +100,20 @@ STEPS: dict[str, tuple[str, Callable[[HookArgs, Context], None] | None, Callable
 }
 
 
+def prepare_steps(steps: list[HookArgs], ctx: Context) -> None:
+    """The host halves of ``steps`` and the imports their container halves need (nvshim
+    may be out of reach inside). Idempotent: ``run_steps`` calls it too; nvshim-runtime
+    calls it early, while runc creates the container."""
+    import nvshim.hook.fsroot
+    import nvshim.hook.namespace  # noqa: F401 - imported here, used by run_steps
+
+    for step in steps:
+        module, host_half, _ = STEPS[step.command]
+        __import__(module)
+        if host_half is not None:
+            host_half(step, ctx)
+
+
 def run_steps(
     pid: int,
     rootfs: str,
@@ -118,11 +132,7 @@ def run_steps(
     from nvshim.hook.fsroot import RootFS
     from nvshim.hook.namespace import in_mount_ns, same_mount_ns
 
-    for step in steps:
-        module, host_half, _ = STEPS[step.command]
-        __import__(module)
-        if host_half is not None:
-            host_half(step, ctx)
+    prepare_steps(steps, ctx)
     expected = None
     if pivoted:
         if same_mount_ns(pid):

@@ -45,14 +45,29 @@ def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArg
     return kept, steps
 
 
-def spawn(runtime: str, argv: list[str], stdout: int | None = None) -> int:
-    """Run the low-level runtime with ``argv`` (this process's stdio and environment,
-    as the exec it replaces would have) and return its exit status (128+N: signal N)."""
-    actions = [(os.POSIX_SPAWN_DUP2, stdout, 1)] if stdout is not None else []
-    pid = os.posix_spawn(runtime, [runtime, *argv], os.environ, file_actions=actions)
+def start(
+    runtime: str, argv: list[str], stdout: int | None = None, stderr: int | None = None
+) -> int:
+    """Start the low-level runtime with ``argv`` (this process's stdio and environment,
+    as the exec it replaces would have; ``stdout``/``stderr``: other fds); its pid."""
+    actions = [
+        (os.POSIX_SPAWN_DUP2, fd, n) for n, fd in ((1, stdout), (2, stderr)) if fd is not None
+    ]
+    return os.posix_spawn(runtime, [runtime, *argv], os.environ, file_actions=actions)
+
+
+def wait(pid: int) -> int:
+    """The exit status of child ``pid`` (128+N: killed by signal N)."""
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
+
+
+def spawn(
+    runtime: str, argv: list[str], stdout: int | None = None, stderr: int | None = None
+) -> int:
+    """Run the low-level runtime with ``argv`` and return its exit status."""
+    return wait(start(runtime, argv, stdout, stderr))
 
 
 def container_pid(runtime: str, args: RuncArgs, argv: list[str]) -> int:
@@ -94,13 +109,21 @@ def container_pid(runtime: str, args: RuncArgs, argv: list[str]) -> int:
 def create_and_finish(runtime: str, argv: list[str], args: RuncArgs, prepared: Prepared) -> int:
     """``runtime create``, then the deferred finishing steps; returns the exit status.
     A failed step deletes the container and raises NvshimError (logged)."""
-    status = spawn(runtime, argv)
-    if status != 0:
-        return status  # runc said why
-    from nvshim.hook.steps import Context, run_steps
+    child = start(runtime, argv)
+    from nvshim.hook.steps import Context, prepare_steps, run_steps
 
     ctx = Context(prepared.config)
     try:
+        early = None
+        try:  # the host halves and imports while runc works: off the wall-clock path
+            prepare_steps(prepared.steps, ctx)
+        except Exception as err:  # noqa: BLE001 - raised once runc is done
+            early = err
+        status = wait(child)
+        if status != 0:
+            return status  # runc said why; nothing was created
+        if early is not None:
+            raise early
         pid = container_pid(runtime, args, argv)
         run_steps(pid, prepared.rootfs, prepared.steps, ctx, pivoted=True)
     except Exception as err:  # noqa: BLE001 - one logged line, then the create fails
@@ -110,7 +133,7 @@ def create_and_finish(runtime: str, argv: list[str], args: RuncArgs, prepared: P
         delete = [*argv[: args.command_index], "delete", "--force", args.container_id]
         null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:
-            spawn(runtime, delete, stdout=null)
+            spawn(runtime, delete, stdout=null, stderr=null)
         finally:
             os.close(null)
         error = NvshimError(f"finishing steps failed, container deleted: {message}")

@@ -34,6 +34,7 @@ from pathlib import Path
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.creates import timed_create  # noqa: E402
 from bench.paired import median_added, median_ratio  # noqa: E402
 from nvshim.launch import real_interpreter, write_launchers  # noqa: E402
 from tests.cri_util import (  # noqa: E402
@@ -170,23 +171,7 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
 
     def create_once(binary: str, n: str) -> float:
         bundle = make_bundle(scratch, rootfs, ["/bin/true"], env=gpu, name=f"b-{n}")
-        cid = f"bench-{os.getpid()}-{n}"
-        errors = os.path.join(scratch, "create.err")
-        with open(errors, "w") as err:  # a file: the created process keeps its stdio open
-            start = time.perf_counter()
-            proc = subprocess.run(
-                [binary, "--root", state, "create", "--bundle", bundle, cid],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-            )
-            elapsed = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise SystemExit(f"{binary} create: {open(errors).read().strip()}")
-        subprocess.run([RUNC, "--root", state, "delete", "--force", cid], check=True)
-        shutil.rmtree(bundle)
-        return elapsed
+        return timed_create(binary, state, bundle, f"bench-{os.getpid()}-{n}", env)
 
     for i in range(rounds + 1):
         y = timed([real_interpreter(), "-IS", "-c", "pass"], env)

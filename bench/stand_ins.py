@@ -23,6 +23,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.creates import timed_create  # noqa: E402
 from bench.paired import median_added  # noqa: E402
 from bench.runtime_start import write_bench_config  # noqa: E402
 from nvshim.launch import real_interpreter, write_launchers  # noqa: E402
@@ -30,7 +31,6 @@ from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.runc_util import make_bundle  # noqa: E402
 from tests.sim.simhost import build_host  # noqa: E402
 
-RUNC = shutil.which("runc") or "/usr/sbin/runc"
 # module -> its standard-library twin, same names the callers use
 TWINS = {
     "record.py": (
@@ -68,23 +68,9 @@ def variant(work: str, name: str, twin: str | None, sim) -> tuple[str, dict[str,
 
 def create_once(work: str, runtime: str, env: dict[str, str], rootfs: str, cid: str) -> float:
     """Wall time of one 1-GPU ``create`` (the container is deleted afterwards)."""
-    bundle = make_bundle(work, rootfs, ["/bin/true"], env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                         name=cid)  # fmt: skip
-    state = os.path.join(work, "runc-state")
-    errors = os.path.join(work, "create.err")
-    with open(errors, "w") as err:  # a file: the created process keeps its stdio open
-        start = time.perf_counter()
-        proc = subprocess.run(
-            [runtime, "--root", state, "create", "--pid-file", f"{bundle}/pid",
-             "--bundle", bundle, cid],
-            env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-        )  # fmt: skip
-        elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{runtime} create: {open(errors).read().strip()}")
-    subprocess.run([RUNC, "--root", state, "delete", "--force", cid], check=True)
-    shutil.rmtree(bundle)
-    return elapsed
+    gpu = {"NVIDIA_VISIBLE_DEVICES": "0"}
+    bundle = make_bundle(work, rootfs, ["/bin/true"], env=gpu, name=cid)
+    return timed_create(runtime, os.path.join(work, "runc-state"), bundle, cid, env)
 
 
 def main() -> None:

@@ -17,7 +17,6 @@ from tests.runc_util import (
     apply_edits_hook,
     build_stub_library,
     hook_env_names,
-    in_private_mount_ns,
     make_bundle,
     make_busybox_rootfs,
     read_log,
@@ -281,34 +280,6 @@ def test_params_override_is_a_no_op_in_a_container_without_the_file(tmp_path, la
     assert run.returncode == 0, run.stderr
     (record,) = read_log(log)
     assert record["params"] == "absent-in-container"
-
-
-def test_params_state_dir_fallback_leaves_no_host_file(tmp_path, launchers, monkeypatch):
-    """Kernels that cannot clone a detached tmpfs get a file under the state dir that is
-    unlinked as soon as it is cloned: checked in a private mount namespace."""
-    from nvshim.hook import bind
-    from nvshim.hook.fsroot import RootFS
-    from nvshim.hook.params import disable_device_node_modification
-
-    dev_root = tmp_path / "devroot"
-    (dev_root / "proc/driver/nvidia").mkdir(parents=True)
-    (dev_root / "proc/driver/nvidia/params").write_text("ModifyDeviceFiles: 1\n")
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "proc/driver/nvidia").mkdir(parents=True)
-    (rootfs / "proc/driver/nvidia/params").write_text("orig\n")
-    state = tmp_path / "state"
-    monkeypatch.setattr(bind, "_clone_detached_works", False)
-
-    def work():
-        with RootFS(str(rootfs)) as root:
-            fields = disable_device_node_modification(root, str(dev_root), str(state))
-        with open(rootfs / "proc/driver/nvidia/params") as fh:
-            return [fields, fh.read(), os.listdir(state)]
-
-    result = in_private_mount_ns(work)
-    assert "error" not in result, result
-    assert result["ok"] == [{"params": "ModifyDeviceFiles=0"}, "ModifyDeviceFiles: 0\n", []]
-    assert (rootfs / "proc/driver/nvidia/params").read_text() == "orig\n"
 
 
 def test_prestart_leaves_non_gpu_and_runtime_handled_containers_alone(tmp_path, launchers):

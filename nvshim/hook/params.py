@@ -71,13 +71,3 @@ def mount_params(root: RootFS, tree: int) -> dict:
     finally:
         os.close(target)
     return {"params": "ModifyDeviceFiles=0"}
-
-
-def disable_device_node_modification(root: RootFS, dev_root: str, state_dir: str) -> dict:
-    """Both halves in one process (its mount namespace is the container's and the host's
-    files are in reach). Returns log fields."""
-    shown, data = host_params(dev_root)
-    if data is None:
-        return {"params": shown}
-    with bind.private_file_tree(data, state_dir, "params") as tree:
-        return mount_params(root, tree)

@@ -1,11 +1,15 @@
-"""One timed ``create`` through a runtime, as the benches take it."""
+"""Creates as the benches take them: an nvshim package made runnable, one timed create."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 import time
+
+from bench.runtime_start import write_bench_config
+from nvshim.launch import write_launchers
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 
@@ -28,3 +32,15 @@ def timed_create(runtime: str, state: str, bundle: str, cid: str, env: dict[str,
     subprocess.run([RUNC, "--root", state, "delete", "--force", cid], check=True)
     shutil.rmtree(bundle)
     return elapsed
+
+
+def installed(work: str, name: str, root: str, sim) -> tuple[str, dict[str, str]]:
+    """Launchers and a config for the nvshim package under ``root``: (runtime, env)."""
+    directory = os.path.join(work, name)
+    bin_dir = os.path.join(directory, "bin")
+    os.makedirs(directory, exist_ok=True)
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    write_launchers(bin_dir, roots=[root, *site], cache_dir=os.path.join(directory, "cache"))
+    config = write_bench_config(directory, sim, bin_dir)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": config}
+    return os.path.join(bin_dir, "nvshim-runtime"), env

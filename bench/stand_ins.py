@@ -23,10 +23,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.creates import timed_create  # noqa: E402
+from bench.creates import installed, timed_create  # noqa: E402
 from bench.paired import median_added  # noqa: E402
-from bench.runtime_start import write_bench_config  # noqa: E402
-from nvshim.launch import real_interpreter, write_launchers  # noqa: E402
+from nvshim.launch import real_interpreter  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.runc_util import make_bundle  # noqa: E402
 from tests.sim.simhost import build_host  # noqa: E402
@@ -52,18 +51,13 @@ TWINS = {
 def variant(work: str, name: str, twin: str | None, sim) -> tuple[str, dict[str, str]]:
     """A copy of the nvshim package (``twin`` swapped for its standard-library twin)
     with its own launchers, config and caches: (nvshim-runtime, env)."""
-    root = os.path.join(work, name)
+    root = os.path.join(work, name, "package")
     shutil.copytree(os.path.join(REPO, "nvshim"), os.path.join(root, "nvshim"),
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     if twin:
         with open(os.path.join(root, "nvshim", twin), "w") as fh:
             fh.write(TWINS[twin])
-    bin_dir = os.path.join(root, "bin")
-    site = [p for p in sys.path if p.endswith("site-packages")]
-    write_launchers(bin_dir, roots=[root, *site], cache_dir=os.path.join(root, "cache"))
-    config = write_bench_config(root, sim, bin_dir)
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": config}
-    return os.path.join(bin_dir, "nvshim-runtime"), env
+    return installed(work, name, root, sim)
 
 
 def create_once(work: str, runtime: str, env: dict[str, str], rootfs: str, cid: str) -> float:

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Creates under load: N containers created at once (default 100) on this machine's
+cores, through bare runc (no GPU) and through nvshim-runtime (1 GPU each, of a simulated
+host), batch after batch in turn. Reports each batch's wall time until the last create
+returned and the CPU time per create (the runtimes' processes, reaped: the containers'
+own init processes are not counted for either side), as medians over the rounds and as
+the ratio to bare runc.
+
+``--previous DIR`` adds a third case: the nvshim package of another checkout (an earlier
+version) with its own launchers. Its ``createContainer`` hook, where it has one, runs
+under the container's init, so its CPU is not counted there.
+
+Run as root: ``.venv/bin/python3 bench/concurrent_create.py [--containers N] [--rounds R]
+[--previous DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.creates import RUNC, installed  # noqa: E402
+from nvshim.launch import real_interpreter  # noqa: E402
+from tests.podman_util import make_busybox_rootfs  # noqa: E402
+from tests.runc_util import make_bundle  # noqa: E402
+from tests.sim.simhost import build_host  # noqa: E402
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def batch(work: str, runtime: str, env: dict[str, str], golden: str, n: int, gpu: bool, tag: str):
+    """Create ``n`` containers at once; (wall seconds, CPU seconds per create). The
+    containers are deleted afterwards (not timed)."""
+    state = os.path.join(work, f"state-{tag}")
+    request = {"NVIDIA_VISIBLE_DEVICES": "0"} if gpu else {}
+    bundles = []
+    for i in range(n):  # each its own rootfs: the finishing steps write into it
+        rootfs = os.path.join(work, f"{tag}-{i}", "rootfs")
+        shutil.copytree(golden, rootfs, symlinks=True)
+        bundles.append(make_bundle(os.path.dirname(rootfs), rootfs, ["/bin/true"], env=request))
+    out = open(os.path.join(work, f"{tag}.out"), "w")  # created processes keep it open
+    cpu = children_cpu()
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [
+                runtime,
+                "--root",
+                state,
+                "create",
+                "--pid-file",
+                f"{b}/pid",
+                "--bundle",
+                b,
+                f"{tag}-{i}",
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )  # fmt: skip
+        for i, b in enumerate(bundles)
+    ]
+    failed = sum(p.wait() != 0 for p in procs)
+    wall = time.perf_counter() - start
+    cpu = (children_cpu() - cpu) / n
+    out.close()
+    if failed:
+        raise SystemExit(f"{runtime}: {failed} of {n} creates failed (see {out.name})")
+    for i in range(n):
+        subprocess.run([RUNC, "--root", state, "delete", "--force", f"{tag}-{i}"], check=True)
+        shutil.rmtree(os.path.join(work, f"{tag}-{i}"))
+    return wall, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--containers", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--previous", help="a checkout of an earlier nvshim")
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as w:
+        sim = build_host("single", os.path.join(w, "host"))
+        golden = make_busybox_rootfs(os.path.join(w, "golden"))
+        cases = {
+            "bare runc, no GPU": (RUNC, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, False),
+            "nvshim-runtime, 1 GPU": (*installed(w, "ours", REPO, sim), True),
+        }
+        if opts.previous:
+            root = os.path.abspath(opts.previous)
+            cases["previous nvshim, 1 GPU"] = (*installed(w, "previous", root, sim), True)
+        for runtime, env, gpu in cases.values():  # warm the inventory and config caches
+            if gpu:
+                batch(w, runtime, env, golden, 2, True, "warm")
+        figures: dict[str, list[tuple[float, float]]] = {c: [] for c in cases}
+        for r in range(opts.rounds):
+            for n, (case, (binary, env, gpu)) in enumerate(cases.items()):
+                tag = f"r{r}c{n}"
+                figures[case].append(batch(w, binary, env, golden, opts.containers, gpu, tag))
+        start = time.perf_counter()
+        subprocess.run([real_interpreter(), "-IS", "-c", "pass"], check=True)
+        yardstick = (time.perf_counter() - start) * 1000
+        bare = figures["bare runc, no GPU"]
+        print(f"{opts.containers} creates at once on {os.cpu_count()} cores, "
+              f"medians of {opts.rounds} rounds:")  # fmt: skip
+        for case, values in figures.items():
+            wall = statistics.median(v[0] for v in values)
+            cpu = statistics.median(v[1] for v in values)
+            ratio = statistics.median(v[0] / b[0] for v, b in zip(values, bare, strict=True))
+            print(f"  {case:<24} all created in {wall:6.2f} s ({ratio:4.2f}x runc), "
+                  f"CPU per create {cpu * 1000:6.1f} ms")  # fmt: skip
+        print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (one run, after the batches)")
+
+
+if __name__ == "__main__":
+    main()

@@ -41,6 +41,7 @@ from tests.cri_util import (  # noqa: E402
     CriClient,
     configure_containerd,
     cri_ready_config,
+    cri_session,
     image_archive,
 )
 from tests.engines.containerd_instance import private_containerd  # noqa: E402
@@ -100,15 +101,8 @@ def cri_client(work: str, env: dict[str, str]):
         imported = ctd.ctr("-n", "k8s.io", "images", "import", archive)
         if imported.returncode != 0:
             raise SystemExit(f"ctr images import: {imported.stderr.strip()}")
-        cri = CriClient(ctd.socket)
-        try:
-            cri.wait_image(IMAGE)
+        with cri_session(ctd.socket, IMAGE) as cri:
             yield cri
-        finally:
-            errors = cri.cleanup()
-            cri.close()
-            if errors:
-                raise SystemExit(f"CRI cleanup: {errors}")
 
 
 def cri_start(

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -258,6 +259,22 @@ class CriClient:
                     errors.append(f"{pod_id[:12]}: {err}")
         self.pods.clear()
         return errors
+
+
+@contextlib.contextmanager
+def cri_session(socket_path: str, image: str):
+    """A ``CriClient`` on ``socket_path`` once ``image`` is there. On the way out every pod
+    it ran is removed and it is closed; a pod left behind fails the caller (after any
+    error of its own, which goes first)."""
+    cri = CriClient(socket_path)
+    try:
+        cri.wait_image(image)
+        yield cri
+    finally:
+        errors = cri.cleanup()
+        cri.close()
+    if errors:
+        raise AssertionError(f"CRI cleanup left: {errors}")
 
 
 def processes_in_mount_ns(ns: str) -> list[int]:

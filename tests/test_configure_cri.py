@@ -18,8 +18,8 @@ import pytest
 
 from tests.conftest import run_nvshim, write_config
 from tests.cri_util import (
-    CriClient,
     cri_ready_config,
+    cri_session,
     image_archive,
     mounts_under,
     processes_in_mount_ns,
@@ -115,9 +115,7 @@ def test_pod_on_nvshim_handler_gets_requested_gpu(tmp_path, sim_hosts, launchers
             imported = ctd.ctr("-n", "k8s.io", "images", "import", archive)
             assert imported.returncode == 0, imported.stderr
 
-            cri = CriClient(ctd.socket)
-            try:
-                cri.wait_image(IMAGE)
+            with cri_session(ctd.socket, IMAGE) as cri:
                 # A pod annotation is not passed on (pod_annotations is empty): no GPU 2 anywhere.
                 pod = cri.run_pod("gpu", pod_logs, "nvshim", {"cdi.k8s.io/pod": "nvidia.com/gpu=2"})
                 by_env = cri.run_container(
@@ -131,10 +129,6 @@ def test_pod_on_nvshim_handler_gets_requested_gpu(tmp_path, sim_hosts, launchers
                 denied = cri.run_container(
                     pod, "denied", IMAGE, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "1"}
                 )
-            finally:
-                errors = cri.cleanup()
-                cri.close()
-            assert errors == []
             daemon_log = ctd.log()
     finally:
         left = leave_no_process(daemon_ns) if daemon_ns else []

@@ -15,7 +15,7 @@ import pytest
 from nvshim import log
 from nvshim.config import Config, default_values
 from tests.conftest import write_config
-from tests.cri_util import CriClient, configure_containerd, cri_ready_config, image_archive
+from tests.cri_util import configure_containerd, cri_ready_config, cri_session, image_archive
 from tests.engines.containerd_instance import private_containerd
 from tests.engines.corpus_cases import CORPUS
 from tests.podman_util import make_busybox_rootfs
@@ -60,9 +60,7 @@ def test_cri_pod_line_names_namespace_pod_and_container(
     (tmp_path / "pod-logs").mkdir()
     with private_containerd(tmp_path, config) as ctd:
         assert ctd.ctr("-n", "k8s.io", "images", "import", archive).returncode == 0
-        cri = CriClient(ctd.socket)
-        try:
-            cri.wait_image(IMAGE)
+        with cri_session(ctd.socket, IMAGE) as cri:
             sandbox = cri.run_pod("inference-7f9c", tmp_path / "pod-logs", "nvshim")
             result = cri.run_container(
                 sandbox,
@@ -71,9 +69,6 @@ def test_cri_pod_line_names_namespace_pod_and_container(
                 ["true"],
                 annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"},
             )
-        finally:
-            assert cri.cleanup() == []
-            cri.close()
     assert result.exit_code == 0
     lines = [log.parse_line(x) for x in nv_log.read_text().splitlines()]
     mine = [r for r in lines if r and r["id"] == result.container_id]

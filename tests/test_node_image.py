@@ -16,7 +16,7 @@ import tomllib
 import pytest
 import yaml
 
-from tests.cri_util import CriClient, cri_ready_config, image_archive
+from tests.cri_util import cri_ready_config, cri_session, image_archive
 from tests.engines.containerd_instance import private_containerd
 from tests.node_image import NodeContainer, node_image
 from tests.node_util import CONTAINERD_16, snapshot, wait_for
@@ -108,17 +108,11 @@ def test_image_end_to_end(tmp_path, sim_hosts, monkeypatch):
 
             imported = ctd.ctr("-n", "k8s.io", "images", "import", archive)
             assert imported.returncode == 0, imported.stderr
-            cri = CriClient(ctd.socket)
-            try:
-                cri.wait_image(IMAGE)
+            with cri_session(ctd.socket, IMAGE) as cri:
                 pod = cri.run_pod("gpu", pod_logs, "nvshim")
                 result = cri.run_container(
                     pod, "by-cdi", IMAGE, SHOW, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
                 )
-            finally:
-                errors = cri.cleanup()
-                cri.close()
-            assert errors == []
 
             restarted_pid = ctd.pid
             code = node.stop()

@@ -12,6 +12,11 @@ class NvshimError(Exception):
             self.exit_code = exit_code
 
 
+def one_line(err: BaseException) -> str:
+    """The line shown for ``err``: an NvshimError's message, else its type and message."""
+    return str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
+
+
 class UsageError(NvshimError):
     """Bad input given on the command line or in a file named on it."""
 

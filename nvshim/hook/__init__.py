@@ -5,3 +5,8 @@
 # absolute folder). Here, not in nvshim.launch, so the hook does not import the edits.
 FINISHERS = ("create-symlinks", "update-ldcache", "disable-device-node-modification")
 STEP_SEPARATOR = "+"
+
+
+def is_finisher(args) -> bool:
+    """True for the arguments of an ``nvshim-hook <finishing step> ...`` entry."""
+    return len(args) >= 2 and args[0] == "nvshim-hook" and args[1] in FINISHERS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from nvshim.edits import Hook
-from nvshim.hook import FINISHERS, STEP_SEPARATOR
+from nvshim.hook import STEP_SEPARATOR, is_finisher
 
 # The whole environment hook processes get: nothing from the container.
 HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8")
@@ -37,7 +37,7 @@ def fold_finishers(hooks: list[Hook]) -> list[Hook]:
     folded: dict[tuple, int] = {}
     for hook in hooks:
         args = list(hook.args)
-        if len(args) < 2 or args[0] != "nvshim-hook" or args[1] not in FINISHERS:
+        if not is_finisher(args):
             out.append(hook)
             continue
         key = (hook.hook_name, hook.path, hook.env, hook.timeout)

@@ -11,7 +11,7 @@ import os
 import sys
 
 from nvshim.config import load_config
-from nvshim.errors import NvshimError
+from nvshim.errors import NvshimError, one_line
 from nvshim.hook.args import HelpRequested, HookArgs, parse_args, parse_finish
 from nvshim.hook.steps import Context, finishing_steps, run_steps
 from nvshim.log import log_decision
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         container_id, pod = state.id, state.annotations
         fields = _run(args, state, ctx)
     except Exception as err:  # noqa: BLE001 - every failure is one logged line, no traceback
-        message = str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
+        message = one_line(err)
         error = err if isinstance(err, NvshimError) else message
         log_decision(config, TOOL, container_id, error=error, annotations=pod, step=args.command)
         return err.exit_code if isinstance(err, NvshimError) else 1

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 
-from nvshim.edits import ContainerEdits
-from nvshim.errors import NvshimError
+from nvshim.errors import NvshimError, one_line
+from nvshim.record import replace
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:
+    from nvshim.edits import ContainerEdits
     from nvshim.hook.args import HookArgs
     from nvshim.runtime.args import RuncArgs
     from nvshim.runtime.create import Prepared
@@ -28,21 +29,16 @@ MAX_STATE_BYTES = 1 << 20
 
 def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArgs]]:
     """``edits`` without nvshim-hook's finishing-step entries, and those steps parsed."""
-    from nvshim.hook import FINISHERS
+    from nvshim.hook import is_finisher
 
-    ours = [
-        h
-        for h in edits.hooks
-        if len(h.args) >= 2 and h.args[0] == "nvshim-hook" and h.args[1] in FINISHERS
-    ]
+    ours = [h for h in edits.hooks if is_finisher(h.args)]
     if not ours:
         return edits, []
     from nvshim.hook.steps import finishing_steps
 
     steps, _ = finishing_steps(ours)
     rest = [h for h in edits.hooks if h not in ours]
-    kept = ContainerEdits(edits.env, edits.device_nodes, edits.mounts, rest, edits.additional_gids)
-    return kept, steps
+    return replace(edits, hooks=rest), steps
 
 
 def start(
@@ -129,7 +125,7 @@ def create_and_finish(runtime: str, argv: list[str], args: RuncArgs, prepared: P
     except Exception as err:  # noqa: BLE001 - one logged line, then the create fails
         from nvshim.log import log_decision
 
-        message = str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
+        message = one_line(err)
         delete = [*argv[: args.command_index], "delete", "--force", args.container_id]
         null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:

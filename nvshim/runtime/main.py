@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.write(f"{TOOL} version {__version__}\n")
                 sys.stdout.flush()
     except Exception as err:  # noqa: BLE001 - every failure must be one line, never a traceback
-        from nvshim.errors import NvshimError
+        from nvshim.errors import one_line
 
-        message = str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
+        message = one_line(err)
         _report(args, message)
         return 1
     os.execv(runtime, [runtime, *argv])

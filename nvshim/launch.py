@@ -13,8 +13,9 @@ import os
 import sys
 
 LAUNCHERS = {
-    "nvshim-runtime": "nvshim.runtime.main",
+    "nvshim-runtime": "nvshim.runtime.client",
     "nvshim-hook": "nvshim.hook.main",
+    "nvshim-runtimed": "nvshim.runtime.daemon",
 }
 # The ``nvshim`` command itself, for installs that bring their own interpreter.
 CLI_LAUNCHER = {"nvshim": "nvshim.cli"}

@@ -8,14 +8,14 @@ import posix
 DEFAULT_CACHE_DIR = "/run/nvshim"  # where nvshim's caches live (tmpfs: gone at reboot)
 
 
-def _cache_dir() -> str:
-    """``$NVSHIM_CACHE_DIR`` (an absolute path: the operator's, like ``NVSHIM_CONFIG``)
-    or the default."""
-    value = posix.environ.get(b"NVSHIM_CACHE_DIR", b"").decode("utf-8", "surrogateescape")
+def cache_dir_for(environ) -> str:
+    """``NVSHIM_CACHE_DIR`` of ``environ`` (bytes keys and values), if an absolute path
+    (the operator's, like ``NVSHIM_CONFIG``), else the default."""
+    value = environ.get(b"NVSHIM_CACHE_DIR", b"").decode("utf-8", "surrogateescape")
     return value if value.startswith("/") else DEFAULT_CACHE_DIR
 
 
-CACHE_DIR = _cache_dir()
+CACHE_DIR = cache_dir_for(posix.environ)
 _REGULAR = 0o100000
 _TYPE_MASK = 0o170000
 

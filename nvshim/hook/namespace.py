@@ -3,17 +3,19 @@
 A ``createContainer`` hook already runs there (runc runs it inside the container's
 namespaces before ``pivot_root``, so the rootfs sits at its host path with the
 container's mounts on it, and ``/proc`` is still the host's); a ``prestart`` hook runs
-in the host's. ``in_mount_ns``
-runs a function in the container's namespace either way: directly, or in a forked child
-that calls ``setns`` first and sends its JSON result back through a pipe.
+in the host's, and so does nvshim-runtime after ``runc create``. ``in_mount_ns`` runs a
+function in the container's namespace either way: directly, or in a thread that first
+takes a filesystem context of its own (``unshare(CLONE_FS)``) and then enters the
+namespace with ``setns``; the rest of the process stays where it is. A thread instead
+of a forked child: about 0.2 ms against 1.5 ms, and no copy-on-write of the pages the
+work touches.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
-import sys
 
-from nvshim import fastjson
 from nvshim.errors import NvshimError
 from nvshim.hook import kernel
 
@@ -21,9 +23,6 @@ TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
-
-_MAX_REPLY = 1 << 20
-
 
 def _ns_path(pid: int) -> str:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
@@ -50,50 +49,38 @@ def same_mount_ns(pid: int) -> bool:
 
 
 def in_mount_ns(pid: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` run in ``pid``'s mount namespace; its result must be JSON data.
+    """``fn(*args)`` run in ``pid``'s mount namespace, and its result.
 
     NvshimError raised by ``fn`` comes back as NvshimError with the same message; any
-    other failure becomes one NvshimError line naming the exception.
+    other failure becomes one NvshimError line naming the exception. ``fn`` must not
+    import anything: inside, ``sys.path`` names the container's files.
     """
     if same_mount_ns(pid):
         return fn(*args)
     ns_fd = os.open(_ns_path(pid), os.O_RDONLY | os.O_CLOEXEC)
     kernel.host_proc()  # opened now: inside, /proc is the container's
-    read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the child, checked through its reply
-        code = 1
+    outcome: dict[str, Any] = {}
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def inside() -> None:
         try:
-            os.close(read_end)
-            try:
-                kernel.setns(ns_fd, kernel.CLONE_NEWNS)
-                os.chdir("/")
-                payload = fastjson.dumps({"result": fn(*args)})
-            except NvshimError as err:
-                payload = fastjson.dumps({"error": str(err)})
-            except BaseException as err:  # noqa: BLE001 - one line for the parent
-                payload = fastjson.dumps({"error": f"{type(err).__name__}: {err}"})
-            os.write(write_end, payload.encode()[:_MAX_REPLY])
-            code = 0
+            kernel.unshare(kernel.CLONE_FS)  # this thread's cwd and root only
+            kernel.setns(ns_fd, kernel.CLONE_NEWNS)
+            os.chdir("/")
+            outcome["result"] = fn(*args)
+        except NvshimError as err:
+            outcome["error"] = str(err)
+        except BaseException as err:  # noqa: BLE001 - one line for the caller
+            outcome["error"] = f"{type(err).__name__}: {err}"
         finally:
-            os._exit(code)  # never return into the caller's code in the child
-    os.close(ns_fd)
-    os.close(write_end)
-    chunks = []
+            done.release()  # the thread ends here: its namespace goes with it
+
     try:
-        while chunk := os.read(read_end, 65536):
-            chunks.append(chunk)
+        _thread.start_new_thread(inside, ())
+        done.acquire()
     finally:
-        os.close(read_end)
-        _, status = os.waitpid(child, 0)
-    try:
-        reply = fastjson.loads(b"".join(chunks) or b"null")
-    except ValueError:
-        reply = None
-    if not isinstance(reply, dict):
-        raise NvshimError(f"worker in the container's mount namespace failed (status {status})")
-    if "error" in reply:
-        raise NvshimError(str(reply["error"]))
-    return reply.get("result")
+        os.close(ns_fd)
+    if "error" in outcome:
+        raise NvshimError(outcome["error"])
+    return outcome.get("result")

@@ -6,4 +6,13 @@ Keep this module free of imports: the pass-through path loads it for every runc 
 DEFAULT_RUNTIMES = ("runc", "crun")
 DEFAULT_CONFIG = "/etc/nvshim/config.toml"  # $NVSHIM_CONFIG names another
 FRONT_CACHE = "runtime-front"  # the low-level runtime, for the sh front (passthrough.py)
+DAEMON_SOCKET = "runtime.sock"  # nvshim-runtimed listens here, in the cache dir (daemon.py)
 MARKER_DIR = "exec"  # one empty file per container id nvshim prepared (create.py)
+
+
+def exit_status(status: int) -> int:
+    """A ``waitpid`` status as a shell reports it: the exit code, 128+N if killed by N."""
+    import posix  # built in, loaded at start-up
+
+    code = posix.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code

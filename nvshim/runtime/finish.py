@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from nvshim.hook.args import HookArgs
     from nvshim.runtime.args import RuncArgs
     from nvshim.runtime.create import Prepared
+    from nvshim.runtime.main import LowLevel
 
 TOOL = "nvshim-runtime"
 MAX_STATE_BYTES = 1 << 20
@@ -54,9 +55,9 @@ def start(
 
 def wait(pid: int) -> int:
     """The exit status of child ``pid`` (128+N: killed by signal N)."""
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
+    from nvshim.runtime import exit_status
+
+    return exit_status(os.waitpid(pid, 0)[1])
 
 
 def spawn(
@@ -102,10 +103,13 @@ def container_pid(runtime: str, args: RuncArgs, argv: list[str]) -> int:
     return int(text)
 
 
-def create_and_finish(runtime: str, argv: list[str], args: RuncArgs, prepared: Prepared) -> int:
-    """``runtime create``, then the deferred finishing steps; returns the exit status.
-    A failed step deletes the container and raises NvshimError (logged)."""
-    child = start(runtime, argv)
+def create_and_finish(
+    runtime: str, argv: list[str], args: RuncArgs, prepared: Prepared, lowlevel: LowLevel
+) -> int:
+    """``runtime create`` through ``lowlevel``, then the deferred finishing steps; returns
+    the exit status. A failed step deletes the container and raises NvshimError (logged)."""
+    delete = [*argv[: args.command_index], "delete", "--force", args.container_id]
+    lowlevel.start(runtime, argv, delete)
     from nvshim.hook.steps import Context, prepare_steps, run_steps
 
     ctx = Context(prepared.config)
@@ -115,7 +119,7 @@ def create_and_finish(runtime: str, argv: list[str], args: RuncArgs, prepared: P
             prepare_steps(prepared.steps, ctx)
         except Exception as err:  # noqa: BLE001 - raised once runc is done
             early = err
-        status = wait(child)
+        status = lowlevel.wait()
         if status != 0:
             return status  # runc said why; nothing was created
         if early is not None:
@@ -126,7 +130,6 @@ def create_and_finish(runtime: str, argv: list[str], args: RuncArgs, prepared: P
         from nvshim.log import log_decision
 
         message = one_line(err)
-        delete = [*argv[: args.command_index], "delete", "--force", args.container_id]
         null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:
             spawn(runtime, delete, stdout=null, stderr=null)

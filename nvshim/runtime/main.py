@@ -1,6 +1,8 @@
 """``nvshim-runtime``'s Python half. The sh front (``nvshim.launch``) sends here only
 ``create``, ``run``, ``exec`` of containers nvshim prepared, and whatever it cannot
-classify; everything else it execs into the low-level runtime itself.
+classify; everything else it execs into the low-level runtime itself. Those calls reach
+``run`` here through ``nvshim.runtime.client``: in that process, or in
+``nvshim-runtimed`` when it runs.
 
 Here the command line is parsed exactly as runc parses it (``nvshim.runtime.args``):
 a well-formed create/run gets its bundle edited, an exec of a prepared container gets
@@ -38,8 +40,30 @@ def _report(args, message: str) -> None:
             pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+class LowLevel:
+    """The low-level runtime, run by this process: exec'd for a call nvshim is done
+    with, or started and waited for when a create has finishing steps. The daemon's
+    stand-in (``nvshim.runtime.daemon``) has its client do both."""
+
+    def exec(self, runtime: str, argv: list[str]) -> int | None:
+        os.execv(runtime, [runtime, *argv])
+        return 127  # not reached
+
+    def start(self, runtime: str, argv: list[str], cleanup: list[str]) -> None:
+        """Start ``runtime argv``; ``cleanup``: its argv that undoes a successful create."""
+        from nvshim.runtime.finish import start
+
+        self.pid = start(runtime, argv)
+
+    def wait(self) -> int:
+        from nvshim.runtime.finish import wait
+
+        return wait(self.pid)
+
+
+def run(argv: list[str], lowlevel: LowLevel) -> int | None:
+    """Do the call ``argv`` (runc's command line), starting the low-level runtime through
+    ``lowlevel``; the exit status, or what ``lowlevel.exec`` returns."""
     args = None
     try:
         from nvshim.runtime.args import parse_runc_args
@@ -55,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             if prepared.steps:
                 from nvshim.runtime.finish import create_and_finish
 
-                return create_and_finish(runtime, argv, args, prepared)
+                return create_and_finish(runtime, argv, args, prepared, lowlevel)
         else:
             from nvshim.runtime.passthrough import resolve_and_remember
 
@@ -73,5 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         message = one_line(err)
         _report(args, message)
         return 1
-    os.execv(runtime, [runtime, *argv])
-    return 127  # not reached
+    return lowlevel.exec(runtime, argv)
+
+
+def main(argv: list[str] | None = None) -> int | None:
+    """The call in this process (no daemon, or ``nvshim-runtimed`` declined it)."""
+    return run(list(sys.argv[1:] if argv is None else argv), LowLevel())

@@ -1,0 +1,154 @@
+"""``nvshim-runtime``'s Python entry point: the calls the sh front sends to Python go to
+``nvshim-runtimed`` when it runs, else to ``nvshim.runtime.main`` in this process.
+
+The daemon has every module imported already, so a GPU create costs this interpreter's
+start and a few milliseconds of work instead of the start plus ~16 ms of imports. The
+daemon only decides and edits: this process keeps running the low-level runtime (as
+its child, or exec'd), so the container's init is re-parented to the engine's
+subreaper (containerd-shim, conmon) exactly as without the daemon.
+
+The daemon is used only when its socket in the cache directory answers and belongs to
+this user; whatever goes wrong before a request is sent (no daemon, a closed stdio fd,
+an environment too large for one packet) falls back to the in-process path, as does a
+request the daemon declines (another mount namespace, another nvshim). Once sent, a
+request is never redone: a daemon that stops answering fails the call, and a container
+it had this process create is deleted. Built-in modules only until a fallback.
+"""
+
+from __future__ import annotations
+
+import _socket
+import posix
+import sys
+
+from nvshim import __file__ as NVSHIM_FILE
+from nvshim import __version__
+from nvshim.runtime import DAEMON_SOCKET, exit_status, wire
+from nvshim.trusted import CACHE_DIR
+
+TOOL = "nvshim-runtime"
+CONNECT_TIMEOUT = 2.0  # a daemon that does not accept: go in-process
+ANSWER_TIMEOUT = 120.0  # kubelet's runtime request timeout is 2 minutes
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    sock = connect(CACHE_DIR + "/" + DAEMON_SOCKET)
+    if sock is not None:
+        code = served(sock, argv)
+        if code is not None:
+            return code
+    from nvshim.runtime.main import main as in_process
+
+    return in_process(argv)
+
+
+def connect(path: str):
+    """A connection to the daemon at ``path`` run by this user, or None."""
+    try:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        sock.settimeout(CONNECT_TIMEOUT)
+        sock.connect(path)
+        cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+        if int.from_bytes(cred[4:8], sys.byteorder) != posix.geteuid():
+            raise OSError("the daemon runs as another user")
+        sock.settimeout(ANSWER_TIMEOUT)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def request(argv: list[str]) -> bytes:
+    """The request packet for ``argv``: this nvshim, the call and this environment."""
+    env = [k + b"=" + v for k, v in posix.environ.items()]
+    head = [wire.PROTOCOL, wire.encode(__version__), wire.encode(NVSHIM_FILE)]
+    return wire.pack(wire.REQUEST, *head, *wire.counted([wire.encode(a) for a in argv]), *env)
+
+
+def served(sock, argv: list[str]) -> int | None:
+    """The call done by the daemon: its exit status, or None when the daemon could not
+    be asked or declined (the caller does it in-process). Execs when told to."""
+    try:
+        cwd = posix.open(".", posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
+    except OSError:
+        sock.close()
+        return None
+    try:
+        fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in (0, 1, 2, cwd))
+        sock.sendmsg([request(argv)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    except OSError:  # a closed stdio fd, a packet over the limit
+        sock.close()
+        return None
+    finally:
+        posix.close(cwd)
+    try:
+        return follow(sock)
+    finally:
+        sock.close()
+
+
+def follow(sock) -> int | None:
+    """Carry out the daemon's answers until one ends the call."""
+    cleanup: list[bytes] = []  # runtime argv that deletes a container this process created
+    while True:
+        try:
+            fields = wire.unpack(sock.recv(wire.LIMIT))
+        except OSError as err:
+            return _lost(f"{err.strerror or err}", cleanup)
+        tag = fields[0]
+        if tag == wire.EXEC and len(fields) >= 2:
+            sock.close()
+            try:
+                posix.execv(fields[1], fields[1:])
+            except OSError as err:
+                print(f"{TOOL}: error: {wire.decode(fields[1])}: {err.strerror}", file=sys.stderr)
+                return 127
+        elif tag == wire.SPAWN and len(fields) >= 2:
+            runtime = fields[1]
+            try:
+                argv, cleanup = wire.split_counted(fields[2:])
+            except ValueError:
+                return _lost("a malformed answer", cleanup)
+            status = _run([runtime, *argv])
+            cleanup = [runtime, *cleanup] if status == 0 and cleanup else []
+            try:
+                sock.sendall(wire.pack(wire.STATUS, str(status).encode()))
+            except OSError as err:
+                return _lost(err.strerror or str(err), cleanup)
+        elif tag == wire.EXIT and len(fields) == 2 and fields[1].isdigit():
+            return int(fields[1])
+        elif tag == wire.DECLINE and not cleanup:
+            return None
+        else:
+            return _lost("no answer" if fields == [b""] else "a malformed answer", cleanup)
+
+
+def _run(argv: list[bytes]) -> int:
+    """Run ``argv`` (this process's stdio and environment) and return its exit status."""
+    try:
+        pid = posix.posix_spawn(argv[0], argv, posix.environ)
+    except OSError as err:
+        print(f"{TOOL}: error: {wire.decode(argv[0])}: {err.strerror}", file=sys.stderr)
+        return 127
+    return exit_status(posix.waitpid(pid, 0)[1])
+
+
+def _lost(why: str, cleanup: list[bytes]) -> int:
+    """The daemon went away mid-call: delete what was created, fail with one line."""
+    message = f"{TOOL}: error: nvshim-runtimed stopped answering ({why})"
+    if cleanup:
+        try:
+            devnull = posix.open("/dev/null", posix.O_WRONLY | posix.O_CLOEXEC)
+            actions = [(posix.POSIX_SPAWN_DUP2, devnull, 1), (posix.POSIX_SPAWN_DUP2, devnull, 2)]
+            pid = posix.posix_spawn(cleanup[0], cleanup, posix.environ, file_actions=actions)
+            posix.waitpid(pid, 0)
+            posix.close(devnull)
+        except OSError:
+            pass
+        message += "; the container it had created was deleted"
+    print(message, file=sys.stderr)
+    return 1

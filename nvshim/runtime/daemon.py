@@ -1,0 +1,434 @@
+"""``nvshim-runtimed``: a resident process that does ``nvshim-runtime``'s Python work with
+every module already imported, so a GPU create costs one interpreter start and a few
+milliseconds instead of the start plus ~16 ms of imports (``bench/engine_start.py``).
+
+It listens on ``<cache dir>/runtime.sock`` (mode 0600). Worker processes forked from
+the warm parent accept the calls; for each, a worker takes on the client's stdio,
+working directory and environment, runs ``nvshim.runtime.main.run`` with a ``LowLevel``
+that hands the low-level runtime back to the client (exec, or spawn and report its
+status), so runc stays the engine's grandchild, then puts its own back. The finishing
+steps run in the worker. The parent keeps ``--workers`` alive, adds one whenever all
+are busy (up to ``MAX_WORKERS``), retires extras idle for ``IDLE_S``, and kills a worker
+busy for ``WATCHDOG_S`` (its client fails the call and deletes what it created).
+Workers are recycled after ``RECYCLE`` calls and after any call that failed
+unexpectedly. A worker serves calls one after another because a forked child would
+pay copy-on-write faults for every page Python touches (~3 ms a call).
+
+A request is declined (the client does the call in-process) unless it comes from this
+user, in this process's mount, pid and user namespaces and root, from the same nvshim
+(version and files) with the same cache directory.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import io
+import os
+import pkgutil
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+
+import nvshim
+from nvshim import __version__
+from nvshim.errors import NvshimError, one_line
+from nvshim.runtime import DAEMON_SOCKET, wire
+from nvshim.runtime.main import LowLevel, run
+from nvshim.trusted import CACHE_DIR, cache_dir_for
+
+TOOL = "nvshim-runtimed"
+# What calls through nvshim-runtime may import; the CLI, installer, doctor and exporter
+# never run there.
+PRELOAD_PACKAGES = ("runtime", "hook", "policy", "host", "mps", "oci", "cdi", "pairing")
+PRELOAD_MODULES = (
+    "config", "edits", "errors", "fastjson", "filecache", "fsutil", "ldcache", "log", "record",
+    "trusted",
+)  # fmt: skip
+NAMESPACES = ("mnt", "pid", "user")
+MIN_WORKERS, MAX_WORKERS = 2, 32  # --workers sets the minimum
+IDLE_S = 60.0  # extra workers idle this long are retired
+WATCHDOG_S = 300.0  # a call busy this long is killed (kubelet gave up after 120 s)
+RECYCLE = 1000  # calls per worker
+BUSY, IDLE = b"b", b"i"  # worker -> parent, after its pid: 5-byte records on one pipe
+
+
+def preload() -> list[str]:
+    """Import what a call may need; the modules that failed to import (named)."""
+    failed = []
+    names = [f"nvshim.{m}" for m in PRELOAD_MODULES]
+    for package in PRELOAD_PACKAGES:
+        module = importlib.import_module(f"nvshim.{package}")
+        names += [i.name for i in pkgutil.walk_packages(module.__path__, f"nvshim.{package}.")]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - an optional dependency; the call imports it
+            failed.append(f"{name} ({one_line(err)})")
+    return failed
+
+
+class Remote(LowLevel):
+    """The low-level runtime run by the client on the other end of ``conn``."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+
+    def exec(self, runtime: str, argv: list[str]) -> None:
+        self.conn.sendall(wire.pack(wire.EXEC, *map(wire.encode, [runtime, *argv])))
+        return None
+
+    def start(self, runtime: str, argv: list[str], cleanup: list[str]) -> None:
+        args = wire.counted([wire.encode(a) for a in argv])
+        self.conn.sendall(wire.pack(wire.SPAWN, wire.encode(runtime), *args,
+                                    *map(wire.encode, cleanup)))  # fmt: skip
+
+    def wait(self) -> int:
+        try:
+            fields = wire.unpack(self.conn.recv(wire.LIMIT))
+        except OSError:
+            fields = []
+        if len(fields) != 2 or fields[0] != wire.STATUS or not fields[1].isdigit():
+            raise NvshimError("nvshim-runtime went away while the low-level runtime ran")
+        return int(fields[1])
+
+
+def _same(path: str, mine: str) -> bool:
+    try:
+        a, b = os.stat(path), os.stat(mine)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def decline_reason(conn: socket.socket) -> str | None:
+    """Why the peer of ``conn`` must do its call itself, or None."""
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != os.geteuid():
+        return f"uid {uid}"
+    for ns in NAMESPACES:
+        if not _same(f"/proc/{pid}/ns/{ns}", f"/proc/self/ns/{ns}"):
+            return f"another {ns} namespace"
+    if not _same(f"/proc/{pid}/root", "/"):
+        return "another root"
+    return None
+
+
+def parse_request(packet: bytes) -> tuple[list[str], dict[bytes, bytes]]:
+    """The call's argv and environment. Raises ValueError (declined) for a request of
+    another nvshim or a malformed one."""
+    fields = wire.unpack(packet)
+    if fields[:2] != [wire.REQUEST, wire.PROTOCOL] or len(fields) < 5:
+        raise ValueError("not a request of this protocol")
+    if fields[2:4] != [wire.encode(__version__), wire.encode(nvshim.__file__)]:
+        raise ValueError("another nvshim")
+    argv, env = wire.split_counted(fields[4:])
+    environ = dict(e.split(b"=", 1) for e in env if b"=" in e)
+    if cache_dir_for(environ) != CACHE_DIR:
+        raise ValueError("another cache directory")
+    return [wire.decode(a) for a in argv], environ
+
+
+class Saved:
+    """What a worker gives a call (fds 0-2, working directory, environment, umask) and
+    takes back afterwards."""
+
+    def __init__(self) -> None:
+        self.stdio = [os.dup(n) for n in range(3)]
+        self.cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.environ = dict(os.environb)
+        self.umask = os.umask(0o022)
+        os.umask(self.umask)
+
+    def restore(self) -> None:
+        for n, fd in enumerate(self.stdio):
+            os.dup2(fd, n)
+        os.fchdir(self.cwd)
+        os.environb.clear()
+        os.environb.update(self.environ)
+        os.umask(self.umask)
+        _fresh_streams()
+
+
+def _fresh_streams() -> None:
+    """New ``sys.stdout``/``sys.stderr`` on fds 1 and 2: nothing buffered for one call
+    can reach another's."""
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace")
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), errors="backslashreplace", write_through=True
+    )
+
+
+def handle(conn: socket.socket, log_fd: int | None) -> None:
+    """Serve the one call on ``conn`` with the client's stdio, working directory and
+    environment (the caller puts the worker's back)."""
+    modules = set(sys.modules)
+    packet, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
+    try:
+        why = decline_reason(conn)
+        argv, environ = parse_request(packet) if why is None else ([], {})
+        if why is None and len(fds) != wire.FDS:
+            why = "no stdio and working directory"
+    except ValueError as err:
+        why = str(err)
+    if why is not None:
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(wire.pack(wire.DECLINE, wire.encode(why)))
+        _say(log_fd, f"declined: {why}")
+        return
+    for n in range(3):
+        os.dup2(fds[n], n)
+    os.fchdir(fds[3])
+    for fd in fds:
+        os.close(fd)
+    os.environb.clear()
+    os.environb.update(environ)
+    _fresh_streams()
+    code = run(argv, Remote(conn))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or 1
+    if code is not None:
+        conn.sendall(wire.pack(wire.EXIT, str(code).encode()))
+    late = sorted(set(sys.modules) - modules)  # preload() missed these: each costs time
+    _say(log_fd, f"served: {' '.join(argv)[:200]} imports={len(late)} {' '.join(late)}".rstrip())
+
+
+def _say(fd: int | None, line: str) -> None:
+    if fd is not None:
+        os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
+
+
+def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
+    """A non-blocking socket bound at ``path`` (replaced atomically), mode 0600: the
+    listener and the identity of the socket file, to remove it at exit only if it is
+    still ours."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    staging = f"{path}.{os.getpid()}"
+    if os.path.lexists(staging):
+        os.unlink(staging)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        listener.bind(staging)
+        os.chmod(staging, 0o600)
+        listener.listen(1024)
+        listener.setblocking(False)  # workers poll, then race to accept
+        st = os.stat(staging)
+        os.rename(staging, path)
+    except OSError as err:
+        listener.close()
+        raise NvshimError(f"{path}: cannot listen: {err.strerror}") from None
+    return listener, (st.st_dev, st.st_ino)
+
+
+def worker(listener: socket.socket, control: int, status: int, verbose: bool) -> None:
+    """Serve calls until the parent closes ``control`` (or dies), ``RECYCLE`` calls
+    were served or one failed unexpectedly; report busy/idle on ``status``."""
+    saved = Saved()
+    log_fd = saved.stdio[2]
+    me = os.getpid().to_bytes(4, sys.byteorder)
+    poller = select.poll()
+    poller.register(listener.fileno(), select.POLLIN)
+    poller.register(control, select.POLLIN)
+    for _ in range(RECYCLE):
+        while True:
+            events = dict(poller.poll())
+            if control in events:
+                return
+            try:
+                conn, _ = listener.accept()
+                break
+            except BlockingIOError:
+                continue  # another worker took it
+        os.write(status, me + BUSY)
+        try:
+            with conn:
+                handle(conn, log_fd if verbose else None)
+        except Exception as err:  # noqa: BLE001 - this worker's state is unknown: retire it
+            _say(log_fd, f"call failed, worker retired: {one_line(err)}")
+            return
+        finally:
+            saved.restore()
+            os.write(status, me + IDLE)
+
+
+class Pool:
+    """The parent's view of its workers: pid -> (control fd, busy since or None,
+    idle since)."""
+
+    def __init__(self, listener: socket.socket, verbose: bool, minimum: int) -> None:
+        self.listener, self.verbose, self.minimum = listener, verbose, minimum
+        self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
+        self.workers: dict[int, list] = {}
+
+    def spawn(self) -> None:
+        control_r, control_w = os.pipe2(os.O_CLOEXEC)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)
+                os.close(self.status_r)
+                for fd, *_ in self.workers.values():
+                    os.close(fd)
+                os.close(control_w)
+                worker(self.listener, control_r, self.status_w, self.verbose)
+            except BaseException as err:  # noqa: BLE001 - reported, the parent replaces it
+                code = 1
+                _say(2, f"worker failed: {one_line(err)}")
+            finally:
+                os._exit(code)
+        os.close(control_r)
+        self.workers[pid] = [control_w, None, time.monotonic()]
+
+    def retire(self, pid: int) -> None:
+        """Ask worker ``pid`` to stop once idle (it finishes a call it has)."""
+        entry = self.workers.get(pid)
+        if entry and entry[0] >= 0:
+            os.close(entry[0])
+            entry[0] = -1
+
+    def read_status(self) -> None:
+        try:
+            data = os.read(self.status_r, 5 * 512)  # whole records
+        except BlockingIOError:
+            return
+        now = time.monotonic()
+        for i in range(0, len(data) - 4, 5):
+            pid = int.from_bytes(data[i : i + 4], sys.byteorder)
+            entry = self.workers.get(pid)
+            if entry is not None:
+                busy = data[i + 4 : i + 5] == BUSY
+                entry[1], entry[2] = (now, entry[2]) if busy else (None, now)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            entry = self.workers.pop(pid, None)
+            if entry and entry[0] >= 0:
+                os.close(entry[0])
+
+    def tend(self) -> None:
+        """Keep the pool the right size; kill calls stuck past the watchdog."""
+        now = time.monotonic()
+        live = {p: e for p, e in self.workers.items() if e[0] >= 0}
+        for pid, (_, busy, _) in live.items():
+            if busy is not None and now - busy > WATCHDOG_S:
+                _say(2, f"worker {pid}: a call busy for {WATCHDOG_S:.0f} s, killed")
+                os.kill(pid, signal.SIGKILL)
+        idle = [p for p, e in live.items() if e[1] is None]
+        if len(live) < self.minimum or (not idle and len(self.workers) < MAX_WORKERS):
+            self.spawn()
+        elif len(live) > self.minimum:
+            for pid in idle[: len(live) - self.minimum]:
+                if now - live[pid][2] > IDLE_S:
+                    self.retire(pid)
+
+    def stop(self) -> None:
+        for pid in list(self.workers):
+            self.retire(pid)
+        deadline = time.monotonic() + 10
+        while self.workers and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.05)
+
+
+def _stop(*_) -> None:
+    raise SystemExit(0)
+
+
+def _notify_ready() -> None:
+    """Tell systemd (``Type=notify``) the socket is live."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        try:
+            sock.sendto(b"READY=1", address)
+        except OSError:
+            pass
+
+
+def serve(path: str, verbose: bool = False, workers: int = MIN_WORKERS) -> None:
+    """Listen at ``path`` and serve calls with a pool of at least ``workers`` workers
+    until SIGTERM."""
+    failed = preload()
+    for name in failed:
+        _say(2, f"not preloaded: {name}")
+    listener, identity = listen(path)
+    pool = Pool(listener, verbose, workers)
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    os.set_blocking(pool.status_r, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through wake_w
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    gc.freeze()  # the workers share the imported modules' pages instead of copying them
+    try:
+        for _ in range(workers):
+            pool.spawn()
+        _say(2, f"listening on {path} (nvshim {__version__})")
+        _notify_ready()
+        while True:
+            ready, _, _ = select.select([pool.status_r, wake_r], [], [], 1.0)
+            if wake_r in ready:
+                while True:
+                    try:
+                        if not os.read(wake_r, 512):
+                            break
+                    except BlockingIOError:
+                        break
+            pool.read_status()
+            pool.reap()
+            pool.tend()
+    finally:
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == identity:
+                os.unlink(path)
+        except OSError:
+            pass
+        pool.stop()
+        listener.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog=TOOL,
+        description=f"nvshim-runtime's resident half: listens on {CACHE_DIR}/{DAEMON_SOCKET} "
+        "($NVSHIM_CACHE_DIR/... when set), where nvshim-runtime looks",
+    )
+    parser.add_argument("--verbose", action="store_true", help="one line per call on stderr")
+    parser.add_argument(
+        "--workers", type=int, default=MIN_WORKERS,
+        help=f"workers kept ready (default %(default)s; more are added while all are busy, "
+        f"up to {MAX_WORKERS})",
+    )  # fmt: skip
+    opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not 1 <= opts.workers <= MAX_WORKERS:
+        parser.error(f"--workers {opts.workers}: must be 1 to {MAX_WORKERS}")
+    try:
+        serve(os.path.join(CACHE_DIR, DAEMON_SOCKET), opts.verbose, opts.workers)
+    except NvshimError as err:
+        print(f"{TOOL}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0

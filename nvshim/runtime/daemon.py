@@ -32,6 +32,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 import nvshim
 from nvshim import __version__
@@ -75,12 +76,14 @@ def preload() -> list[str]:
 
 
 class Remote(LowLevel):
-    """The low-level runtime run by the client on the other end of ``conn``."""
+    """The low-level runtime run by the client on the other end of ``conn``; ``last``
+    is called before the answer that ends the call."""
 
-    def __init__(self, conn: socket.socket) -> None:
-        self.conn = conn
+    def __init__(self, conn: socket.socket, last: Callable[[], None]) -> None:
+        self.conn, self.last = conn, last
 
     def exec(self, runtime: str, argv: list[str]) -> None:
+        self.last()
         self.conn.sendall(wire.pack(wire.EXEC, *map(wire.encode, [runtime, *argv])))
         return None
 
@@ -99,12 +102,12 @@ class Remote(LowLevel):
         return int(fields[1])
 
 
-def _same(path: str, mine: str) -> bool:
+def _identity(path: str) -> tuple[int, int] | None:
     try:
-        a, b = os.stat(path), os.stat(mine)
+        st = os.stat(path)
     except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+        return None
+    return st.st_dev, st.st_ino
 
 
 def decline_reason(conn: socket.socket) -> str | None:
@@ -113,9 +116,9 @@ def decline_reason(conn: socket.socket) -> str | None:
     if uid != os.geteuid():
         return f"uid {uid}"
     for ns in NAMESPACES:
-        if not _same(f"/proc/{pid}/ns/{ns}", f"/proc/self/ns/{ns}"):
+        if _identity(f"/proc/{pid}/ns/{ns}") != _identity(f"/proc/self/ns/{ns}"):
             return f"another {ns} namespace"
-    if not _same(f"/proc/{pid}/root", "/"):
+    if _identity(f"/proc/{pid}/root") != _identity("/"):
         return "another root"
     return None
 
@@ -165,9 +168,10 @@ def _fresh_streams() -> None:
     )
 
 
-def handle(conn: socket.socket, log_fd: int | None) -> None:
+def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
     """Serve the one call on ``conn`` with the client's stdio, working directory and
-    environment (the caller puts the worker's back)."""
+    environment (the caller puts the worker's back). ``log_fd``: the daemon's stderr,
+    for declines, and with ``verbose`` one line per call."""
     modules = set(sys.modules)
     packet, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
     try:
@@ -180,8 +184,8 @@ def handle(conn: socket.socket, log_fd: int | None) -> None:
     if why is not None:
         for fd in fds:
             os.close(fd)
+        _say(log_fd, f"declined: {why}")  # the client does the call itself: slower, say so
         conn.sendall(wire.pack(wire.DECLINE, wire.encode(why)))
-        _say(log_fd, f"declined: {why}")
         return
     for n in range(3):
         os.dup2(fds[n], n)
@@ -191,21 +195,26 @@ def handle(conn: socket.socket, log_fd: int | None) -> None:
     os.environb.clear()
     os.environb.update(environ)
     _fresh_streams()
-    code = run(argv, Remote(conn))
+
+    def served() -> None:  # before the last answer: once the client has it, it is done
+        if verbose:
+            late = sorted(set(sys.modules) - modules)  # preload() missed these: each costs
+            line = f"served: {' '.join(argv)[:2000]} imports={len(late)} {' '.join(late)}"
+            _say(log_fd, line.rstrip())
+
+    code = run(argv, Remote(conn, served))
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             code = code or 1
     if code is not None:
+        served()
         conn.sendall(wire.pack(wire.EXIT, str(code).encode()))
-    late = sorted(set(sys.modules) - modules)  # preload() missed these: each costs time
-    _say(log_fd, f"served: {' '.join(argv)[:2000]} imports={len(late)} {' '.join(late)}".rstrip())
 
 
-def _say(fd: int | None, line: str) -> None:
-    if fd is not None:
-        os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
+def _say(fd: int, line: str) -> None:
+    os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
 
 
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
@@ -252,7 +261,7 @@ def worker(listener: socket.socket, control: int, status: int, verbose: bool) ->
         os.write(status, me + BUSY)
         try:
             with conn:
-                handle(conn, log_fd if verbose else None)
+                handle(conn, log_fd, verbose)
         except Exception as err:  # noqa: BLE001 - this worker's state is unknown: retire it
             _say(log_fd, f"call failed, worker retired: {one_line(err)}")
             return

@@ -49,12 +49,13 @@ def installed(work: str, name: str, root: str, sim) -> tuple[str, dict[str, str]
 
 
 @contextlib.contextmanager
-def running_daemon(bin_dir: str, env: dict[str, str]):
+def running_daemon(bin_dir: str, env: dict[str, str], prefix: tuple[str, ...] = ()):
     """``nvshim-runtimed`` of the launchers in ``bin_dir``, listening (stopped at exit);
-    its messages go to ``nvshim-runtimed.err`` beside ``bin_dir``."""
-    log = os.path.join(os.path.dirname(bin_dir), "nvshim-runtimed.err")
+    its messages go to ``nvshim-runtimed-<pid>.err`` beside ``bin_dir``. ``prefix``: a
+    command it runs under (``nsenter`` into an engine's mount namespace)."""
+    log = os.path.join(os.path.dirname(bin_dir), f"nvshim-runtimed-{os.getpid()}-{len(prefix)}.err")
     with open(log, "w") as err:
-        proc = subprocess.Popen([os.path.join(bin_dir, "nvshim-runtimed")], env=env,
+        proc = subprocess.Popen([*prefix, os.path.join(bin_dir, "nvshim-runtimed")], env=env,
                                 stdin=subprocess.DEVNULL, stdout=err, stderr=err)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -66,6 +67,9 @@ def running_daemon(bin_dir: str, env: dict[str, str]):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        declined = [ln for ln in open(log).read().splitlines() if "declined:" in ln]
+        if declined:  # those calls ran in-process: the figures mix both paths
+            print(f"nvshim-runtimed declined {len(declined)} calls: {declined[0]}", file=sys.stderr)
 
 
 def daemon_cpu(pid: int) -> float:

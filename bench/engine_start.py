@@ -106,10 +106,15 @@ def cri_client(work: str, env: dict[str, str]):
     configure_containerd(config, os.path.join(work, "bin", "nvshim-runtime"))
     os.environ.update(env)  # again: configure_containerd loads tests/conftest, which sets its own
     with private_containerd(work, Path(config)) as ctd:
+        # containerd runs in a mount namespace of its own here (on a node, the host's):
+        # its runtime calls are served by a daemon in that namespace
+        ns = f"--mount=/proc/{ctd._proc.pid}/ns/mnt"
+        stack = contextlib.ExitStack()
+        stack.enter_context(running_daemon(os.path.join(work, "bin"), env, ("nsenter", ns)))
         imported = ctd.ctr("-n", "k8s.io", "images", "import", archive)
         if imported.returncode != 0:
             raise SystemExit(f"ctr images import: {imported.stderr.strip()}")
-        with cri_session(ctd.socket, IMAGE) as cri:
+        with stack, cri_session(ctd.socket, IMAGE) as cri:
             yield cri
 
 
@@ -170,7 +175,7 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
     gpu = {"NVIDIA_VISIBLE_DEVICES": "0"}
     run_opts = ["run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024"]
     run_opts += ["--ulimit", "nproc=1024:1024", "--rootfs", rootfs]
-    cri = stack.enter_context(cri_client(work, env))
+    cri = stack.enter_context(cri_client(work, {**env, "NVSHIM_CACHE_DIR": f"{work}/cache-cri"}))
     logs = os.path.join(work, "pod-logs")
     os.makedirs(logs, exist_ok=True)
 

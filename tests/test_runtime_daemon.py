@@ -315,3 +315,27 @@ def test_concurrent_calls_are_all_served(creates, daemon):
         assert proc.wait(timeout=120) == 0, (creates.tmp / f"{cid}.out").read_text()
     assert len(daemon.served()) == 4
     assert all(s.endswith("imports=0") for s in daemon.served())
+
+
+def test_doctor_reports_the_daemon(creates):
+    """Not running, answering, then a stale socket; a probe costs the daemon no worker."""
+    from tests.conftest import run_nvshim
+
+    def doctor() -> tuple[str, str]:
+        proc = run_nvshim("doctor", "--check", "runtime-daemon", "--json",
+                          env={"NVSHIM_CACHE_DIR": creates.cache_dir})  # fmt: skip
+        (result,) = json.loads(proc.stdout)["checks"]
+        assert proc.returncode == 0  # a warning: nvshim-runtime works without the daemon
+        return result["status"], result["reason"]
+
+    socket_path = os.path.join(creates.cache_dir, "runtime.sock")
+    assert doctor() == ("warn", f"{socket_path}: not running; nvshim-runtime does each GPU "
+                                "create in-process (slower)")  # fmt: skip
+    d = Daemon(creates, "--workers", "1")
+    workers = _workers(d.proc.pid)
+    assert doctor() == ("ok", f"nvshim-runtimed (pid {d.proc.pid}) answers at {socket_path}")
+    assert set(workers) <= set(_workers(d.proc.pid)) and "failed" not in d.text()
+    d.proc.kill()
+    d.proc.wait()
+    status, reason = doctor()
+    assert status == "warn" and reason.startswith(f"{socket_path}: a stale socket")

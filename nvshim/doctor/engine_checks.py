@@ -143,3 +143,27 @@ def oci_hook(ctx: Context):
             "make them the same: CDI specs and the runtime use hook-path",
         )
     return ok("oci-hook", f"{len(files)} hook file(s) -> {files[0][1]['hook']['path']}")
+
+
+@check("runtime-daemon", "nvshim-runtimed answers, so GPU creates skip the imports")
+def runtime_daemon(ctx: Context):
+    from nvshim.runtime import DAEMON_SOCKET
+    from nvshim.runtime.client import connect
+    from nvshim.trusted import CACHE_DIR
+
+    path = os.path.join(CACHE_DIR, DAEMON_SOCKET)
+    sock = connect(path)
+    if sock is None:
+        state = "a stale socket, nobody answers" if os.path.lexists(path) else "not running"
+        return warn(
+            "runtime-daemon",
+            f"{path}: {state}; nvshim-runtime does each GPU create in-process (slower)",
+            "systemctl enable --now nvshim-runtimed (or run nvshim-runtimed as root)",
+        )
+    import socket
+    import struct
+
+    pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    sock.close()
+    return ok("runtime-daemon", f"nvshim-runtimed (pid {pid}) answers at {path}")
+

@@ -174,6 +174,8 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
     for declines, and with ``verbose`` one line per call."""
     modules = set(sys.modules)
     packet, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
+    if not packet:  # connected and went: a probe (nvshim doctor)
+        return
     try:
         why = decline_reason(conn)
         argv, environ = parse_request(packet) if why is None else ([], {})

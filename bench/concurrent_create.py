@@ -6,7 +6,10 @@ returned and the CPU time per create (the runtimes' processes, reaped: the conta
 own init processes are not counted for either side), as medians over the rounds and as
 the ratio to bare runc.
 
-``--previous DIR`` adds a third case: the nvshim package of another checkout (an earlier
+nvshim-runtime runs twice: served by ``nvshim-runtimed`` (as installed; the daemon's
+and its workers' CPU is counted) and alone, in the client's process.
+
+``--previous DIR`` adds a case: the nvshim package of another checkout (an earlier
 version) with its own launchers. Its ``createContainer`` hook, where it has one, runs
 under the container's init, so its CPU is not counted there.
 
@@ -29,7 +32,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.creates import RUNC, installed  # noqa: E402
+from bench.creates import RUNC, daemon_cpu, installed, running_daemon  # noqa: E402
 from nvshim.launch import real_interpreter  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.runc_util import make_bundle  # noqa: E402
@@ -41,9 +44,12 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def batch(work: str, runtime: str, env: dict[str, str], golden: str, n: int, gpu: bool, tag: str):
-    """Create ``n`` containers at once; (wall seconds, CPU seconds per create). The
-    containers are deleted afterwards (not timed)."""
+def batch(
+    work: str, runtime: str, env: dict[str, str], golden: str, n: int, gpu: bool, tag: str,
+    daemon: int | None = None,
+):  # fmt: skip
+    """Create ``n`` containers at once; (wall seconds, CPU seconds per create, counting
+    the daemon ``daemon`` too). The containers are deleted afterwards (not timed)."""
     state = os.path.join(work, f"state-{tag}")
     request = {"NVIDIA_VISIBLE_DEVICES": "0"} if gpu else {}
     bundles = []
@@ -52,7 +58,7 @@ def batch(work: str, runtime: str, env: dict[str, str], golden: str, n: int, gpu
         shutil.copytree(golden, rootfs, symlinks=True)
         bundles.append(make_bundle(os.path.dirname(rootfs), rootfs, ["/bin/true"], env=request))
     out = open(os.path.join(work, f"{tag}.out"), "w")  # created processes keep it open
-    cpu = children_cpu()
+    cpu = children_cpu() + (daemon_cpu(daemon) if daemon else 0.0)
     start = time.perf_counter()
     procs = [
         subprocess.Popen(
@@ -76,7 +82,7 @@ def batch(work: str, runtime: str, env: dict[str, str], golden: str, n: int, gpu
     ]
     failed = sum(p.wait() != 0 for p in procs)
     wall = time.perf_counter() - start
-    cpu = (children_cpu() - cpu) / n
+    cpu = (children_cpu() + (daemon_cpu(daemon) if daemon else 0.0) - cpu) / n
     out.close()
     if failed:
         raise SystemExit(f"{runtime}: {failed} of {n} creates failed (see {out.name})")
@@ -84,6 +90,19 @@ def batch(work: str, runtime: str, env: dict[str, str], golden: str, n: int, gpu
         subprocess.run([RUNC, "--root", state, "delete", "--force", f"{tag}-{i}"], check=True)
         shutil.rmtree(os.path.join(work, f"{tag}-{i}"))
     return wall, cpu
+
+
+def measure(w: str, cases: dict, golden: str, opts) -> dict[str, list[tuple[float, float]]]:
+    """Each case's (wall, CPU per create) per round, the cases taking turns."""
+    for runtime, env, gpu, pid in cases.values():  # warm the inventory and config caches
+        if gpu:
+            batch(w, runtime, env, golden, 2, True, "warm", pid)
+    figures: dict[str, list[tuple[float, float]]] = {c: [] for c in cases}
+    for r in range(opts.rounds):
+        for n, (case, (binary, env, gpu, pid)) in enumerate(cases.items()):
+            tag = f"r{r}c{n}"
+            figures[case].append(batch(w, binary, env, golden, opts.containers, gpu, tag, pid))
+    return figures
 
 
 def main() -> None:
@@ -95,21 +114,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as w:
         sim = build_host("single", os.path.join(w, "host"))
         golden = make_busybox_rootfs(os.path.join(w, "golden"))
-        cases = {
-            "bare runc, no GPU": (RUNC, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, False),
-            "nvshim-runtime, 1 GPU": (*installed(w, "ours", REPO, sim), True),
-        }
-        if opts.previous:
-            root = os.path.abspath(opts.previous)
-            cases["previous nvshim, 1 GPU"] = (*installed(w, "previous", root, sim), True)
-        for runtime, env, gpu in cases.values():  # warm the inventory and config caches
-            if gpu:
-                batch(w, runtime, env, golden, 2, True, "warm")
-        figures: dict[str, list[tuple[float, float]]] = {c: [] for c in cases}
-        for r in range(opts.rounds):
-            for n, (case, (binary, env, gpu)) in enumerate(cases.items()):
-                tag = f"r{r}c{n}"
-                figures[case].append(batch(w, binary, env, golden, opts.containers, gpu, tag))
+        served = installed(w, "served", REPO, sim)
+        with running_daemon(os.path.dirname(served[0]), served[1]) as daemon:
+            cases = {
+                "bare runc, no GPU": (RUNC, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, False, None),
+                "nvshim-runtime + daemon, 1 GPU": (*served, True, daemon.pid),
+                "nvshim-runtime alone, 1 GPU": (*installed(w, "alone", REPO, sim), True, None),
+            }
+            if opts.previous:
+                previous = installed(w, "previous", os.path.abspath(opts.previous), sim)
+                cases["previous nvshim, 1 GPU"] = (*previous, True, None)
+            figures = measure(w, cases, golden, opts)
         start = time.perf_counter()
         subprocess.run([real_interpreter(), "-IS", "-c", "pass"], check=True)
         yardstick = (time.perf_counter() - start) * 1000
@@ -120,7 +135,7 @@ def main() -> None:
             wall = statistics.median(v[0] for v in values)
             cpu = statistics.median(v[1] for v in values)
             ratio = statistics.median(v[0] / b[0] for v, b in zip(values, bare, strict=True))
-            print(f"  {case:<24} all created in {wall:6.2f} s ({ratio:4.2f}x runc), "
+            print(f"  {case:<30} all created in {wall:6.2f} s ({ratio:4.2f}x runc), "
                   f"CPU per create {cpu * 1000:6.1f} ms")  # fmt: skip
         print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (one run, after the batches)")
 

@@ -227,7 +227,7 @@ def test_the_daemon_declines_what_it_must_not_serve(creates, daemon):
 
     nvshim_file = wire.encode(__import__("nvshim").__file__)
     base = [wire.REQUEST, wire.PROTOCOL, __version__.encode(), nvshim_file]
-    argv = wire.counted([b"--version"])
+    argv = wire.counted([b"nvshim-runtime", b"--version"])
     env = [f"{k}={v}".encode() for k, v in creates.env().items()]
     assert ask(wire.pack(*base[:2], b"0.0.0", nvshim_file, *argv)) == [
         wire.DECLINE, b"another nvshim"]  # fmt: skip
@@ -259,7 +259,7 @@ def test_a_daemon_that_stops_answering_fails_the_call_and_deletes_the_container(
             packet, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
             for fd in fds:
                 os.close(fd)
-            argv, _ = wire.split_counted(wire.unpack(packet)[4:])
+            (_, *argv), _ = wire.split_counted(wire.unpack(packet)[4:])  # after the program
             cleanup = [*argv[:2], b"delete", b"--force", argv[-1]]
             conn.sendall(wire.pack(wire.SPAWN, RUNC.encode(), *wire.counted(argv), *cleanup))
             conn.recv(wire.LIMIT)  # the status; then hang up
@@ -339,3 +339,22 @@ def test_doctor_reports_the_daemon(creates):
     d.proc.wait()
     status, reason = doctor()
     assert status == "warn" and reason.startswith(f"{socket_path}: a stale socket")
+
+
+def test_the_runtime_lookup_never_returns_the_callers_own_program(creates, daemon, tmp_path):
+    """Served by the daemon as in-process: a configured runtime that is nvshim-runtime
+    itself is skipped (else the client would exec itself, call after call)."""
+    config = tmp_path / "self.toml"
+    text = open(creates.config).read()
+    config.write_text(text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{creates.runtime}"]\n'))
+    rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+    bundle = make_bundle(tmp_path, rootfs, ["/bin/true"], env=GPU, name="self")
+    proc = subprocess.run(
+        [creates.runtime, "--root", creates.root, "create", "--bundle", bundle, "self"],
+        env={**creates.env(), "NVSHIM_CONFIG": str(config)},
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr == (f"nvshim-runtime: error: no low-level runtime found (tried "
+                           f"{creates.runtime})\n")  # fmt: skip
+    assert len(daemon.served()) == 1

@@ -62,10 +62,12 @@ def connect(path: str):
 
 
 def request(argv: list[str]) -> bytes:
-    """The request packet for ``argv``: this nvshim, the call and this environment."""
+    """The request packet for ``argv``: this nvshim, the call (after this program's
+    name, which the runtime lookup must never return) and this environment."""
     env = [k + b"=" + v for k, v in posix.environ.items()]
     head = [wire.PROTOCOL, wire.encode(__version__), wire.encode(NVSHIM_FILE)]
-    return wire.pack(wire.REQUEST, *head, *wire.counted([wire.encode(a) for a in argv]), *env)
+    call = wire.counted([wire.encode(a) for a in (sys.argv[0], *argv)])
+    return wire.pack(wire.REQUEST, *head, *call, *env)
 
 
 def served(sock, argv: list[str]) -> int | None:

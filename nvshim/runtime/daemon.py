@@ -124,14 +124,16 @@ def decline_reason(conn: socket.socket) -> str | None:
 
 
 def parse_request(packet: bytes) -> tuple[list[str], dict[bytes, bytes]]:
-    """The call's argv and environment. Raises ValueError (declined) for a request of
-    another nvshim or a malformed one."""
+    """The call's argv (the client's program name first) and environment. Raises
+    ValueError (declined) for a request of another nvshim or a malformed one."""
     fields = wire.unpack(packet)
     if fields[:2] != [wire.REQUEST, wire.PROTOCOL] or len(fields) < 5:
         raise ValueError("not a request of this protocol")
     if fields[2:4] != [wire.encode(__version__), wire.encode(nvshim.__file__)]:
         raise ValueError("another nvshim")
     argv, env = wire.split_counted(fields[4:])
+    if not argv:
+        raise ValueError("no program name")
     environ = dict(e.split(b"=", 1) for e in env if b"=" in e)
     if cache_dir_for(environ) != CACHE_DIR:
         raise ValueError("another cache directory")
@@ -146,6 +148,7 @@ class Saved:
         self.stdio = [os.dup(n) for n in range(3)]
         self.cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.environ = dict(os.environb)
+        self.argv = list(sys.argv)
         self.umask = os.umask(0o022)
         os.umask(self.umask)
 
@@ -156,6 +159,7 @@ class Saved:
         os.environb.clear()
         os.environb.update(self.environ)
         os.umask(self.umask)
+        sys.argv = list(self.argv)
         _fresh_streams()
 
 
@@ -196,15 +200,16 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
         os.close(fd)
     os.environb.clear()
     os.environb.update(environ)
+    sys.argv = argv  # the runtime lookup skips the client's own program
     _fresh_streams()
 
     def served() -> None:  # before the last answer: once the client has it, it is done
         if verbose:
             late = sorted(set(sys.modules) - modules)  # preload() missed these: each costs
-            line = f"served: {' '.join(argv)[:2000]} imports={len(late)} {' '.join(late)}"
+            line = f"served: {' '.join(argv[1:])[:2000]} imports={len(late)} {' '.join(late)}"
             _say(log_fd, line.rstrip())
 
-    code = run(argv, Remote(conn, served))
+    code = run(argv[1:], Remote(conn, served))
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -4,7 +4,7 @@ separated byte fields, the first a tag. No field can hold a NUL: they are argv
 entries, environment entries, paths and numbers. Built-in modules only: the client
 imports this for every GPU create.
 
-client -> daemon  ``REQUEST`` protocol version nvshim-file argc argv... env...
+client -> daemon  ``REQUEST`` protocol version nvshim-file argc program argv... env...
                   with SCM_RIGHTS: its stdin, stdout, stderr and working directory
 daemon -> client  ``EXEC`` runtime argv...: exec it (the call is the runtime's now)
                   ``SPAWN`` runtime argc argv... cleanup...: run it, answer ``STATUS``

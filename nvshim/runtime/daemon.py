@@ -134,7 +134,7 @@ def parse_request(packet: bytes) -> tuple[list[str], dict[bytes, bytes]]:
     argv, env = wire.split_counted(fields[4:])
     if not argv:
         raise ValueError("no program name")
-    environ = dict(e.split(b"=", 1) for e in env if b"=" in e)
+    environ = dict(e.split(b"=", 1) for e in env if e.find(b"=") > 0)  # as getenv reads it
     if cache_dir_for(environ) != CACHE_DIR:
         raise ValueError("another cache directory")
     return [wire.decode(a) for a in argv], environ

@@ -159,3 +159,16 @@ def test_systemd_without_systemctl_is_refused_before_any_change(scratch):
     assert scratch.snapshot() == before
     done = node("install", env=scratch.env(NVSHIM_RUNTIMED="false"))
     assert done.returncode == 0, done.stderr
+
+
+def test_a_prefix_the_unit_cannot_name_is_refused_before_any_change(scratch):
+    systemd_host(scratch)
+    before = scratch.snapshot()
+    done = node("install", env=scratch.env(TOOLKIT_INSTALL_DIR="/opt/gpu tools/nvshim"))
+    assert done.returncode != 0
+    assert done.stderr.splitlines() == [
+        f"nvshim: error: /opt/gpu tools/nvshim/bin/nvshim-runtimed: a path {UNIT} cannot name"
+        " as written (letters, digits and /._+@:- only): choose another prefix, or set"
+        " NVSHIM_RUNTIMED=false"
+    ]
+    assert scratch.snapshot() == before

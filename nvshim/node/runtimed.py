@@ -38,8 +38,13 @@ def unit_text(exec_path: str) -> str:
     """The packaged unit, its ExecStart naming ``exec_path``."""
     text = files("nvshim.node").joinpath(UNIT).read_text(encoding="utf-8")
     line = f"ExecStart={PACKAGE_EXEC}\n"
-    if text.count(line) != 1 or not SAFE_PATH.fullmatch(exec_path):
-        raise NvshimError(f"{exec_path}: cannot be named in {UNIT}")
+    if text.count(line) != 1:
+        raise NvshimError(f"{UNIT} (package data): no line {line.strip()}")
+    if not SAFE_PATH.fullmatch(exec_path):
+        raise NvshimError(
+            f"{exec_path}: a path {UNIT} cannot name as written (letters, digits and"
+            " /._+@:- only): choose another prefix, or set NVSHIM_RUNTIMED=false"
+        )
     header = "# Written by the nvshim node installer (nvshim node); its uninstall removes it.\n"
     return header + text.replace(line, f"ExecStart={exec_path}\n")
 

@@ -16,6 +16,7 @@ from nvshim.node.runtimed import PACKAGE_EXEC, UNIT
 from tests.conftest import REPO
 from tests.node_util import Scratch, node, start_node, wait_for
 from tests.test_node_lifecycle import files_of, stop
+from tests.test_packaging_units import stage_root, verify
 
 UNIT_FILE = f"/etc/systemd/system/{UNIT}"
 CALLS = "/tmp/systemctl.calls"
@@ -64,6 +65,9 @@ def test_run_installs_the_packaged_unit_and_sigterm_takes_it_back(scratch, tmp_p
     )
     assert f"ExecStart={launcher}\n" in written
     assert os.access(scratch.path(launcher), os.X_OK)
+    staged = stage_root(tmp_path, [str(scratch.path(UNIT_FILE))], [launcher])
+    proc_verify = verify(staged, [UNIT])
+    assert proc_verify.returncode == 0 and proc_verify.stderr == "", proc_verify.stderr
     assert calls(scratch) == [
         "1 daemon-reload",
         f"1 enable {UNIT}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from bench.runtime_start import write_bench_config
 from nvshim.launch import write_launchers
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def timed_create(runtime: str, state: str, bundle: str, cid: str, env: dict[str, str]) -> float:
@@ -44,3 +46,46 @@ def installed(work: str, name: str, root: str, sim) -> tuple[str, dict[str, str]
     config = write_bench_config(directory, sim, bin_dir)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": config}
     return os.path.join(bin_dir, "nvshim-runtime"), env
+
+
+@contextlib.contextmanager
+def running_daemon(bin_dir: str, env: dict[str, str]):
+    """``nvshim-runtimed`` of the launchers in ``bin_dir``, listening (stopped at exit);
+    its messages go to ``nvshim-runtimed.err`` beside ``bin_dir``."""
+    log = os.path.join(os.path.dirname(bin_dir), "nvshim-runtimed.err")
+    with open(log, "w") as err:
+        proc = subprocess.Popen([os.path.join(bin_dir, "nvshim-runtimed")], env=env,
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "listening on" not in open(log).read():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"nvshim-runtimed did not start: {open(log).read()}")
+            time.sleep(0.02)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def daemon_cpu(pid: int) -> float:
+    """CPU seconds of the daemon ``pid``, its live workers and those it reaped."""
+
+    def times(p: int, reaped: bool) -> float:
+        try:
+            fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        ticks = sum(int(f) for f in fields[11 : 15 if reaped else 13])  # utime stime [cu cs]
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    return times(pid, True) + sum(times(int(c), False) for c in children)
+
+
+def edited_bundle(bundle: str, cid: str, env: dict[str, str]) -> None:
+    """Have nvshim edit ``bundle`` for its GPU request, as a create would (not timed): bare
+    runc then creates the same container, without the finishing steps."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from nvshim.runtime.create import "
+            "prepare_bundle; prepare_bundle(sys.argv[2], sys.argv[3], True)")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code, REPO, bundle, cid], env=env, check=True)

@@ -4,13 +4,20 @@
 
 - the yardstick: one ``python3 -IS -c pass`` of the interpreter nvshim runs on;
 - a pass-through call (``list``): the sh front execs runc, no Python;
-- a 1-GPU ``create`` (then ``delete``, not timed) of a busybox bundle;
+- a 1-GPU ``create`` (then ``delete``, not timed) of a busybox bundle, served by
+  ``nvshim-runtimed`` (as installed), and done in the client's process (no daemon);
+  against runc creating the same container with no GPU, and against runc creating the
+  bundle nvshim edited (its 21 mounts and 4 device nodes: runc's own work for the GPU,
+  which any injecting runtime adds), which leaves nvshim's own time;
 - ``podman run --rm true`` with no GPU and with 1 GPU (podman 4, vfs storage, in a
   private mount namespace; both runtimes behind the same one-line sh wrapper, which
   podman needs to hand nvshim its config);
 - a CRI pod sandbox plus a ``true`` container, created, started and waited for, with no
   GPU and with 1 GPU, through a private containerd 1.6 in which ``nvshim configure``
   registered nvshim as the ``nvshim`` runtime handler beside ``runc``.
+
+``nvshim-runtimed`` runs for every nvshim case but the "no daemon" one, as the package
+and the node installer deploy it.
 
 Run as root: ``.venv/bin/python3 bench/engine_start.py [--rounds N]``. Targets (issue 12):
 pass-through <= 1.2x runc; engine level with no GPU <= 1.1x runc; a 1-GPU create adds
@@ -34,7 +41,7 @@ from pathlib import Path
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.creates import timed_create  # noqa: E402
+from bench.creates import edited_bundle, running_daemon, timed_create  # noqa: E402
 from bench.paired import median_added, median_ratio  # noqa: E402
 from nvshim.launch import real_interpreter, write_launchers  # noqa: E402
 from tests.cri_util import (  # noqa: E402
@@ -97,6 +104,7 @@ def cri_client(work: str, env: dict[str, str]):
     with open(config, "w") as fh:
         fh.write(cri_ready_config(V16.read_text(), os.path.join(work, "cri-scratch"), PAUSE))
     configure_containerd(config, os.path.join(work, "bin", "nvshim-runtime"))
+    os.environ.update(env)  # again: configure_containerd loads tests/conftest, which sets its own
     with private_containerd(work, Path(config)) as ctd:
         imported = ctd.ctr("-n", "k8s.io", "images", "import", archive)
         if imported.returncode != 0:
@@ -135,6 +143,9 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
         "HOME": "/root",
     }
     runtime = os.path.join(work, "bin", "nvshim-runtime")
+    stack.enter_context(running_daemon(os.path.join(work, "bin"), env))
+    alone = {**env, "NVSHIM_CACHE_DIR": os.path.join(work, "cache-alone")}  # no daemon there
+    runtime_alone = os.path.join(work, "bin-alone", "nvshim-runtime")
     rootfs = os.path.join(work, "rootfs")
     wrappers = {}
     for name, target in (("runc", RUNC), ("nvshim", runtime)):
@@ -163,9 +174,12 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
     logs = os.path.join(work, "pod-logs")
     os.makedirs(logs, exist_ok=True)
 
-    def create_once(binary: str, n: str) -> float:
+    def create_once(binary: str, n: str, edited: bool = False, call_env=env) -> float:
         bundle = make_bundle(scratch, rootfs, ["/bin/true"], env=gpu, name=f"b-{n}")
-        return timed_create(binary, state, bundle, f"bench-{os.getpid()}-{n}", env)
+        cid = f"bench-{os.getpid()}-{n}"
+        if edited:
+            edited_bundle(bundle, cid, alone)
+        return timed_create(binary, state, bundle, cid, call_env)
 
     for i in range(rounds + 1):
         y = timed([real_interpreter(), "-IS", "-c", "pass"], env)
@@ -173,6 +187,8 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
         our_list = timed([runtime, "--root", state, "list"], env)
         bare_create = create_once(RUNC, f"r{i}")
         our_create = create_once(runtime, f"n{i}")
+        edited_create = create_once(RUNC, f"e{i}", edited=True)
+        alone_create = create_once(runtime_alone, f"a{i}", call_env=alone)
         bare_pod = timed([*podman["runc"], *run_opts, "/bin/true"], env)
         our_pod = timed([*podman["nvshim"], *run_opts, "/bin/true"], env)
         gpu_pod = timed([*podman["nvshim"], *run_opts[:2], "-e", "NVIDIA_VISIBLE_DEVICES=0",
@@ -186,6 +202,8 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
         ystick.append(y)
         pairs.add("pass-through call (list)", bare_list, our_list)
         pairs.add("create, 1 GPU (runc: no GPU)", bare_create, our_create)
+        pairs.add("create, 1 GPU (runc: same edits)", edited_create, our_create)
+        pairs.add("create, 1 GPU, no daemon", bare_create, alone_create)
         pairs.add("podman run --rm true, no GPU", bare_pod, our_pod)
         pairs.add("podman run --rm true, 1 GPU", bare_pod, gpu_pod)
         pairs.add("CRI pod + container, no GPU", bare_cri, our_cri)
@@ -208,6 +226,8 @@ def main() -> None:
         sim = build_host("single", os.path.join(work, "host"))
         bin_dir = os.path.join(work, "bin")
         write_launchers(bin_dir, cache_dir=os.path.join(work, "cache"))
+        alone = os.path.join(work, "bin-alone")
+        write_launchers(alone, cache_dir=os.path.join(work, "cache-alone"))
         with open(os.path.join(work, "config.toml"), "w") as fh:
             fh.write(
                 f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'

@@ -1,8 +1,7 @@
 """Reading cache files that only we could have written. Built-in modules only
 (``posix``): the runtime's pass-through path uses it and does not import ``os``."""
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: loading __future__ costs 0.1 ms per GPU create
 import posix
 
 DEFAULT_CACHE_DIR = "/run/nvshim"  # where nvshim's caches live (tmpfs: gone at reboot)

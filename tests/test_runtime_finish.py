@@ -28,12 +28,13 @@ class Creates:
     """Launchers whose interpreter counts its starts, a config for a simulated host, and
     containers created through nvshim-runtime with real runc (deleted at the end)."""
 
-    def __init__(self, sim, tmp_path):
+    def __init__(self, sim, tmp_path, cache_dir: str | None = None):
         self.sim, self.tmp = sim, tmp_path
+        self.cache_dir = cache_dir or os.environ["NVSHIM_CACHE_DIR"]
         self.starts = tmp_path / "python-starts"
         interpreter = counting_interpreter(tmp_path / "python", self.starts)
-        bin_dir = str(tmp_path / "bin")
-        write_launchers(bin_dir, interpreter=interpreter, cache_dir=os.environ["NVSHIM_CACHE_DIR"])
+        self.bin_dir = bin_dir = str(tmp_path / "bin")
+        write_launchers(bin_dir, interpreter=interpreter, cache_dir=self.cache_dir)
         self.runtime = os.path.join(bin_dir, "nvshim-runtime")
         self.log = tmp_path / "nvshim.log"
         self.config = write_config(
@@ -47,11 +48,15 @@ class Creates:
         """``argv`` through nvshim-runtime (or ``runtime``)."""
         return subprocess.run(
             [runtime or self.runtime, "--root", self.root, *argv],
-            env={**RUNC_ENV, "NVSHIM_CONFIG": self.config},
+            env=self.env(),
             stdin=subprocess.DEVNULL,
             timeout=60,
             **kw,
         )
+
+    def env(self) -> dict[str, str]:
+        """The environment engines would call nvshim-runtime with."""
+        return {**RUNC_ENV, "NVSHIM_CONFIG": self.config, "NVSHIM_CACHE_DIR": self.cache_dir}
 
     def create(self, rootfs: str, cid: str, pid_file: bool = True, *extra: str) -> tuple[str, int]:
         """(bundle, exit status); the container's output goes to ``<cid>.out``;

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+
 def _ns_path(pid: int) -> str:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         raise NvshimError(f"OCI state: pid must be a positive integer, got {pid!r}")

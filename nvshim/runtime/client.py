@@ -15,8 +15,7 @@ request is never redone: a daemon that stops answering fails the call, and a con
 it had this process create is deleted. Built-in modules only until a fallback.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: loading __future__ costs 0.1 ms per GPU create
 import _socket
 import posix
 import sys

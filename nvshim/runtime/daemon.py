@@ -8,7 +8,7 @@ working directory and environment, runs ``nvshim.runtime.main.run`` with a ``Low
 that hands the low-level runtime back to the client (exec, or spawn and report its
 status), so runc stays the engine's grandchild, then puts its own back. The finishing
 steps run in the worker. The parent keeps ``--workers`` alive, adds one whenever all
-are busy (up to ``MAX_WORKERS``), retires extras idle for ``IDLE_S``, and kills a worker
+are busy (up to ``--max-workers``), retires extras idle for ``IDLE_S``, and kills a worker
 busy for ``WATCHDOG_S`` (its client fails the call and deletes what it created).
 Workers are recycled after ``RECYCLE`` calls and after any call that failed
 unexpectedly. A worker serves calls one after another because a forked child would
@@ -32,6 +32,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 import nvshim
 from nvshim import __version__
@@ -48,8 +49,11 @@ PRELOAD_MODULES = (
     "config", "edits", "errors", "fastjson", "filecache", "fsutil", "ldcache", "log", "record",
     "trusted",
 )  # fmt: skip
+# imported inside functions on a call's path: a configuration or inventory cache miss
+# (TOML, NVML), an MPS daemon query
+PRELOAD_LAZY = ("tomllib", "pynvml", "subprocess")
 NAMESPACES = ("mnt", "pid", "user")
-MIN_WORKERS, MAX_WORKERS = 2, 32  # --workers sets the minimum
+MIN_WORKERS, MAX_WORKERS = 2, 32  # defaults of --workers and --max-workers
 IDLE_S = 60.0  # extra workers idle this long are retired
 WATCHDOG_S = 300.0  # a call busy this long is killed (kubelet gave up after 120 s)
 RECYCLE = 1000  # calls per worker
@@ -59,7 +63,7 @@ BUSY, IDLE = b"b", b"i"  # worker -> parent, after its pid: 5-byte records on on
 def preload() -> list[str]:
     """Import what a call may need; the modules that failed to import (named)."""
     failed = []
-    names = [f"nvshim.{m}" for m in PRELOAD_MODULES]
+    names = [*PRELOAD_LAZY, *(f"nvshim.{m}" for m in PRELOAD_MODULES)]
     for package in PRELOAD_PACKAGES:
         module = importlib.import_module(f"nvshim.{package}")
         names += [i.name for i in pkgutil.walk_packages(module.__path__, f"nvshim.{package}.")]
@@ -72,12 +76,14 @@ def preload() -> list[str]:
 
 
 class Remote(LowLevel):
-    """The low-level runtime run by the client on the other end of ``conn``."""
+    """The low-level runtime run by the client on the other end of ``conn``; ``last``
+    is called before the answer that ends the call."""
 
-    def __init__(self, conn: socket.socket) -> None:
-        self.conn = conn
+    def __init__(self, conn: socket.socket, last: Callable[[], None]) -> None:
+        self.conn, self.last = conn, last
 
     def exec(self, runtime: str, argv: list[str]) -> None:
+        self.last()
         self.conn.sendall(wire.pack(wire.EXEC, *map(wire.encode, [runtime, *argv])))
         return None
 
@@ -96,12 +102,12 @@ class Remote(LowLevel):
         return int(fields[1])
 
 
-def _same(path: str, mine: str) -> bool:
+def _identity(path: str) -> tuple[int, int] | None:
     try:
-        a, b = os.stat(path), os.stat(mine)
+        st = os.stat(path)
     except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+        return None
+    return st.st_dev, st.st_ino
 
 
 def decline_reason(conn: socket.socket) -> str | None:
@@ -110,9 +116,9 @@ def decline_reason(conn: socket.socket) -> str | None:
     if uid != os.geteuid():
         return f"uid {uid}"
     for ns in NAMESPACES:
-        if not _same(f"/proc/{pid}/ns/{ns}", f"/proc/self/ns/{ns}"):
+        if _identity(f"/proc/{pid}/ns/{ns}") != _identity(f"/proc/self/ns/{ns}"):
             return f"another {ns} namespace"
-    if not _same(f"/proc/{pid}/root", "/"):
+    if _identity(f"/proc/{pid}/root") != _identity("/"):
         return "another root"
     return None
 
@@ -162,9 +168,10 @@ def _fresh_streams() -> None:
     )
 
 
-def handle(conn: socket.socket, log_fd: int | None) -> None:
+def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
     """Serve the one call on ``conn`` with the client's stdio, working directory and
-    environment (the caller puts the worker's back)."""
+    environment (the caller puts the worker's back). ``log_fd``: the daemon's stderr,
+    for declines, and with ``verbose`` one line per call."""
     modules = set(sys.modules)
     packet, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
     try:
@@ -177,8 +184,8 @@ def handle(conn: socket.socket, log_fd: int | None) -> None:
     if why is not None:
         for fd in fds:
             os.close(fd)
+        _say(log_fd, f"declined: {why}")  # the client does the call itself: slower, say so
         conn.sendall(wire.pack(wire.DECLINE, wire.encode(why)))
-        _say(log_fd, f"declined: {why}")
         return
     for n in range(3):
         os.dup2(fds[n], n)
@@ -188,21 +195,26 @@ def handle(conn: socket.socket, log_fd: int | None) -> None:
     os.environb.clear()
     os.environb.update(environ)
     _fresh_streams()
-    code = run(argv, Remote(conn))
+
+    def served() -> None:  # before the last answer: once the client has it, it is done
+        if verbose:
+            late = sorted(set(sys.modules) - modules)  # preload() missed these: each costs
+            line = f"served: {' '.join(argv)[:2000]} imports={len(late)} {' '.join(late)}"
+            _say(log_fd, line.rstrip())
+
+    code = run(argv, Remote(conn, served))
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             code = code or 1
     if code is not None:
+        served()
         conn.sendall(wire.pack(wire.EXIT, str(code).encode()))
-    late = sorted(set(sys.modules) - modules)  # preload() missed these: each costs time
-    _say(log_fd, f"served: {' '.join(argv)[:200]} imports={len(late)} {' '.join(late)}".rstrip())
 
 
-def _say(fd: int | None, line: str) -> None:
-    if fd is not None:
-        os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
+def _say(fd: int, line: str) -> None:
+    os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
 
 
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
@@ -249,7 +261,7 @@ def worker(listener: socket.socket, control: int, status: int, verbose: bool) ->
         os.write(status, me + BUSY)
         try:
             with conn:
-                handle(conn, log_fd if verbose else None)
+                handle(conn, log_fd, verbose)
         except Exception as err:  # noqa: BLE001 - this worker's state is unknown: retire it
             _say(log_fd, f"call failed, worker retired: {one_line(err)}")
             return
@@ -262,8 +274,9 @@ class Pool:
     """The parent's view of its workers: pid -> (control fd, busy since or None,
     idle since)."""
 
-    def __init__(self, listener: socket.socket, verbose: bool, minimum: int) -> None:
-        self.listener, self.verbose, self.minimum = listener, verbose, minimum
+    def __init__(self, listener: socket.socket, verbose: bool, sizes: tuple[int, int]) -> None:
+        self.listener, self.verbose = listener, verbose
+        self.minimum, self.maximum = sizes
         self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
         self.workers: dict[int, list] = {}
 
@@ -332,7 +345,7 @@ class Pool:
                 _say(2, f"worker {pid}: a call busy for {WATCHDOG_S:.0f} s, killed")
                 os.kill(pid, signal.SIGKILL)
         idle = [p for p, e in live.items() if e[1] is None]
-        if len(live) < self.minimum or (not idle and len(self.workers) < MAX_WORKERS):
+        if len(live) < self.minimum or (not idle and len(self.workers) < self.maximum):
             self.spawn()
         elif len(live) > self.minimum:
             for pid in idle[: len(live) - self.minimum]:
@@ -366,14 +379,14 @@ def _notify_ready() -> None:
             pass
 
 
-def serve(path: str, verbose: bool = False, workers: int = MIN_WORKERS) -> None:
-    """Listen at ``path`` and serve calls with a pool of at least ``workers`` workers
+def serve(path: str, verbose: bool = False, sizes: tuple[int, int] = (MIN_WORKERS, MAX_WORKERS)):
+    """Listen at ``path`` and serve calls with a pool of ``sizes`` (fewest, most) workers
     until SIGTERM."""
     failed = preload()
     for name in failed:
         _say(2, f"not preloaded: {name}")
     listener, identity = listen(path)
-    pool = Pool(listener, verbose, workers)
+    pool = Pool(listener, verbose, sizes)
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     os.set_blocking(pool.status_r, False)
     signal.set_wakeup_fd(wake_w)
@@ -382,7 +395,7 @@ def serve(path: str, verbose: bool = False, workers: int = MIN_WORKERS) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     gc.freeze()  # the workers share the imported modules' pages instead of copying them
     try:
-        for _ in range(workers):
+        for _ in range(sizes[0]):
             pool.spawn()
         _say(2, f"listening on {path} (nvshim {__version__})")
         _notify_ready()
@@ -418,16 +431,17 @@ def main(argv: list[str] | None = None) -> int:
         "($NVSHIM_CACHE_DIR/... when set), where nvshim-runtime looks",
     )
     parser.add_argument("--verbose", action="store_true", help="one line per call on stderr")
-    parser.add_argument(
-        "--workers", type=int, default=MIN_WORKERS,
-        help=f"workers kept ready (default %(default)s; more are added while all are busy, "
-        f"up to {MAX_WORKERS})",
-    )  # fmt: skip
+    parser.add_argument("--workers", type=int, default=MIN_WORKERS,
+                        help="workers kept ready (default %(default)s)")  # fmt: skip
+    parser.add_argument("--max-workers", type=int, default=MAX_WORKERS,
+                        help="at most, added while all are busy (default %(default)s)")  # fmt: skip
     opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if not 1 <= opts.workers <= MAX_WORKERS:
-        parser.error(f"--workers {opts.workers}: must be 1 to {MAX_WORKERS}")
+    if not 1 <= opts.workers <= opts.max_workers:
+        parser.error(f"--workers {opts.workers}: must be 1 to --max-workers ({opts.max_workers})")
     try:
-        serve(os.path.join(CACHE_DIR, DAEMON_SOCKET), opts.verbose, opts.workers)
+        serve(
+            os.path.join(CACHE_DIR, DAEMON_SOCKET), opts.verbose, (opts.workers, opts.max_workers)
+        )
     except NvshimError as err:
         print(f"{TOOL}: error: {err}", file=sys.stderr)
         return err.exit_code

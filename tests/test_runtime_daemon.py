@@ -1,0 +1,317 @@
+"""``nvshim-runtimed``: nvshim-runtime's Python work done by warm workers, with real runc.
+
+The client (the interpreter the sh front starts) keeps running runc itself; the worker
+decides, edits the bundle and runs the finishing steps with the client's stdio, working
+directory and environment. Whatever the daemon cannot or will not serve is done in the
+client's own process, and a daemon that stops mid-call fails the call without leaving
+a container behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from nvshim import __version__
+from nvshim.runtime import wire
+from tests.podman_util import make_busybox_rootfs
+from tests.runc_util import make_bundle, read_log
+from tests.test_runtime_finish import CONF, LIBDIR, RUNC, Creates
+
+GPU = {"NVIDIA_VISIBLE_DEVICES": "0"}
+
+
+class Daemon:
+    """``nvshim-runtimed --verbose`` of ``creates``' launchers, on its own cache dir."""
+
+    def __init__(self, creates: Creates, *flags: str) -> None:
+        self.creates = creates
+        self.socket = os.path.join(creates.cache_dir, "runtime.sock")
+        self.err = creates.tmp / "daemon.err"
+        with open(self.err, "w") as err:
+            self.proc = subprocess.Popen(
+                [os.path.join(creates.bin_dir, "nvshim-runtimed"), "--verbose", *flags],
+                env=creates.env(), stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while "listening on" not in self.text():
+            assert self.proc.poll() is None, self.text()
+            assert time.monotonic() < deadline, "nvshim-runtimed did not start"
+            time.sleep(0.05)
+
+    def text(self) -> str:
+        return self.err.read_text()
+
+    def served(self) -> list[str]:
+        """The calls it served, as its log names them (``imports=N`` last)."""
+        return [ln.split("served: ", 1)[1] for ln in self.text().splitlines() if "served: " in ln]
+
+    def declined(self) -> list[str]:
+        return [
+            ln.split("declined: ", 1)[1] for ln in self.text().splitlines() if "declined:" in ln
+        ]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def creates(sim_hosts, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    c = Creates(sim_hosts("single"), tmp_path, cache_dir=str(cache))
+    yield c
+    c.cleanup()
+
+
+@pytest.fixture
+def daemon(creates):
+    d = Daemon(creates, "--workers", "1")
+    yield d
+    assert d.stop() == 0
+    assert not os.path.lexists(d.socket)  # removed on the way out
+
+
+def _workers(daemon_pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(daemon_pid)],
+                         capture_output=True, text=True).stdout  # fmt: skip
+    return [int(p) for p in out.split()]
+
+
+def test_a_gpu_create_is_served_by_the_daemon(creates, daemon):
+    """One interpreter (the client's), nothing imported per call, and the container is
+    finished before create returns, as in-process."""
+    before = creates.python_starts()  # the daemon's own
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+    cid = f"daemon-{os.getpid()}"
+    _, status = creates.create(rootfs, cid)
+    assert status == 0, creates.output(cid)
+    (served,) = daemon.served()
+    assert " create --pid-file" in f" {served}" and served.endswith(f"{cid} imports=0"), served
+    state = creates.state(cid)
+    assert state["status"] == "created"
+    inside = f"/proc/{state['pid']}/root"
+    assert os.readlink(f"{inside}{LIBDIR}/libcuda.so.1").startswith("libcuda.so.")
+    assert open(f"{inside}{CONF}").read().splitlines()[-1] == LIBDIR
+    assert creates.python_starts() - before == 1
+    link, _, _, cvd = creates.start_and_wait(cid).splitlines()
+    assert link == f"libcuda.so.{creates.sim.driver_version}"
+    assert cvd == f"CVD={creates.sim.topology['gpus'][0]['uuid']}"
+    (line,) = read_log(str(creates.log))
+    assert line["id"] == cid and line["devices"] == creates.sim.topology["gpus"][0]["uuid"]
+
+
+def test_a_refusal_reaches_the_callers_stderr_and_log(creates, daemon, tmp_path):
+    """The worker writes with the caller's stderr and working directory (a relative
+    ``--log``), then takes its own back: the next call is unaffected."""
+    rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+    bundle = make_bundle(tmp_path, rootfs, ["/bin/true"], env={"NVIDIA_VISIBLE_DEVICES": "7"},
+                         name="refused")  # fmt: skip
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    cid = f"daemon-refused-{os.getpid()}"
+    proc = creates.call("--log", "rel.log", "--log-format", "json", "create", "--bundle", bundle,
+                        cid, capture_output=True, text=True, cwd=calls)  # fmt: skip
+    assert proc.returncode == 1
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("nvshim-runtime: error: ") and "7" in line
+    (record,) = [json.loads(x) for x in (calls / "rel.log").read_text().splitlines()]
+    assert record["level"] == "error"
+    assert record["msg"] == "nvshim-runtime: " + line.split("error: ", 1)[1]
+    assert len(daemon.served()) == 1 and line not in daemon.text()
+    assert creates.state(cid) is None
+    cid2 = f"daemon-after-{os.getpid()}"
+    _, status = creates.create(rootfs, cid2)
+    assert status == 0, creates.output(cid2)
+    assert len(daemon.served()) == 2
+
+
+def test_each_call_gets_its_own_environment(creates, sim_hosts, tmp_path):
+    """One worker serves callers with different configurations in turn: GPU 5 exists on
+    the eight-GPU host only."""
+    from tests.conftest import write_config
+
+    eight = write_config(tmp_path / "eight.toml", sim_hosts("h100x8-mig"), creates.bin_dir,
+                         tmp_path / "state", creates.log, accept_env_unprivileged=True)  # fmt: skip
+    d = Daemon(creates, "--workers", "1", "--max-workers", "1")
+    try:
+        rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+        statuses = []
+        for n, config in enumerate([creates.config, eight, creates.config]):
+            bundle = make_bundle(tmp_path, rootfs, ["/bin/true"],
+                                 env={"NVIDIA_VISIBLE_DEVICES": "5"}, name=f"env{n}")  # fmt: skip
+            cid = f"daemon-env-{os.getpid()}-{n}"
+            creates.ids.append(cid)
+            with open(tmp_path / f"{cid}.out", "w+") as out:  # the container keeps its stdio
+                proc = subprocess.run(
+                    [creates.runtime, "--root", creates.root, "create", "--bundle", bundle, cid],
+                    env={**creates.env(), "NVSHIM_CONFIG": config},
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60,
+                )  # fmt: skip
+                out.seek(0)
+                statuses.append((proc.returncode, out.read().strip()))
+        assert len(d.served()) == 3 and len(_workers(d.proc.pid)) == 1
+    finally:
+        assert d.stop() == 0
+    assert [code for code, _ in statuses] == [1, 0, 1], statuses
+    assert statuses[0][1] == statuses[2][1] and statuses[0][1].startswith("nvshim-runtime: error:")
+
+
+def test_calls_from_another_mount_namespace_are_done_in_process(creates, daemon):
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+    bundle = make_bundle(creates.tmp, rootfs, ["/bin/true"], env=GPU, name="ns")
+    cid = f"daemon-ns-{os.getpid()}"
+    creates.ids.append(cid)
+    before = creates.python_starts()
+    with open(creates.tmp / "ns.out", "w+") as out:  # the container keeps its stdio
+        proc = subprocess.run(
+            ["unshare", "--mount", "--propagation", "unchanged", creates.runtime, "--root",
+             creates.root, "create", "--bundle", bundle, cid],
+            env=creates.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 0, (creates.tmp / "ns.out").read_text()
+    assert daemon.declined() == ["another mnt namespace"] and daemon.served() == []
+    assert creates.python_starts() - before == 1  # the client did it itself
+    assert creates.state(cid)["status"] == "created"
+
+
+def test_exec_of_a_prepared_container_gets_the_enforced_variables(creates, daemon):
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+    bundle = make_bundle(creates.tmp, rootfs, ["/bin/busybox", "sleep", "60"], env=GPU,
+                         name="exec")  # fmt: skip
+    cid = f"daemon-exec-{os.getpid()}"
+    creates.ids.append(cid)
+    with open(creates.tmp / "exec.out", "w") as out:  # the container keeps its stdio
+        assert creates.call("create", "--bundle", bundle, cid, stdout=out).returncode == 0
+    assert creates.call("start", cid, runtime=RUNC).returncode == 0
+    proc = creates.call("exec", "--env", "CUDA_VISIBLE_DEVICES=all", cid, "/bin/busybox", "env",
+                        capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    uuid = creates.sim.topology["gpus"][0]["uuid"]
+    assert f"CUDA_VISIBLE_DEVICES={uuid}" in proc.stdout.splitlines()
+    assert [s.split()[2] for s in daemon.served()] == ["create", "exec"]
+
+
+def test_the_daemon_declines_what_it_must_not_serve(creates, daemon):
+    """Another nvshim, a malformed request, another user: declined, and it keeps serving."""
+
+    def ask(packet: bytes, uid: int | None = None) -> list[bytes]:
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - reports through the pipe
+            try:
+                path = os.open(daemon.socket, os.O_PATH)  # the test's tmp dir is root's only
+                if uid is not None:
+                    os.setgid(uid)
+                    os.setuid(uid)
+                with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+                    sock.connect(f"/proc/self/fd/{path}")
+                    socket.send_fds(sock, [packet], [0, 1, 2, os.open("/", os.O_PATH)])
+                    os.write(write_end, sock.recv(wire.LIMIT))
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as fh:
+            answer = fh.read()
+        os.waitpid(child, 0)
+        return wire.unpack(answer)
+
+    nvshim_file = wire.encode(__import__("nvshim").__file__)
+    base = [wire.REQUEST, wire.PROTOCOL, __version__.encode(), nvshim_file]
+    argv = wire.counted([b"--version"])
+    env = [f"{k}={v}".encode() for k, v in creates.env().items()]
+    assert ask(wire.pack(*base[:2], b"0.0.0", nvshim_file, *argv)) == [
+        wire.DECLINE, b"another nvshim"]  # fmt: skip
+    assert ask(wire.pack(*base, b"9", b"x")) == [wire.DECLINE, b"bad count"]
+    assert ask(b"hello") == [wire.DECLINE, b"not a request of this protocol"]
+    os.chmod(daemon.socket, 0o666)
+    try:
+        assert ask(wire.pack(*base, *argv, *env), uid=65534) == [wire.DECLINE, b"uid 65534"]
+    finally:
+        os.chmod(daemon.socket, 0o600)
+    assert ask(wire.pack(*base, *argv)) == [wire.DECLINE, b"another cache directory"]
+    (answer, *_) = ask(wire.pack(*base, *argv, *env))
+    assert answer == wire.EXEC  # served: --version goes on to runc
+    assert daemon.served() == ["--version imports=0"]
+
+
+def test_a_daemon_that_stops_answering_fails_the_call_and_deletes_the_container(creates):
+    """A stand-in daemon has the client run runc create, then hangs up: the client deletes
+    the container it created and fails with one line."""
+    os.makedirs(creates.cache_dir, exist_ok=True)
+    path = os.path.join(creates.cache_dir, "runtime.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(1)
+
+    def stand_in() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            packet, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
+            for fd in fds:
+                os.close(fd)
+            argv, _ = wire.split_counted(wire.unpack(packet)[4:])
+            cleanup = [*argv[:2], b"delete", b"--force", argv[-1]]
+            conn.sendall(wire.pack(wire.SPAWN, RUNC.encode(), *wire.counted(argv), *cleanup))
+            conn.recv(wire.LIMIT)  # the status; then hang up
+
+    thread = threading.Thread(target=stand_in)
+    thread.start()
+    try:
+        rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+        cid = f"daemon-lost-{os.getpid()}"
+        _, status = creates.create(rootfs, cid)
+    finally:
+        thread.join(timeout=60)
+        listener.close()
+    assert status == 1
+    (line,) = creates.output(cid).splitlines()
+    assert line == ("nvshim-runtime: error: nvshim-runtimed stopped answering (no answer); "
+                    "the container it had created was deleted")  # fmt: skip
+    assert creates.state(cid) is None
+
+
+def test_a_killed_daemon_leaves_calls_to_the_client_and_no_workers(creates):
+    d = Daemon(creates, "--workers", "2")
+    workers = _workers(d.proc.pid)
+    assert len(workers) == 2
+    d.proc.kill()
+    d.proc.wait()
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{w}") for w in workers):
+        assert time.monotonic() < deadline, "workers outlived their daemon"
+        time.sleep(0.05)
+    assert os.path.exists(d.socket)  # stale: nobody listens
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+    cid = f"daemon-killed-{os.getpid()}"
+    _, status = creates.create(rootfs, cid)
+    assert status == 0, creates.output(cid)
+    assert creates.state(cid)["status"] == "created"
+
+
+def test_concurrent_calls_are_all_served(creates, daemon):
+    """With one worker ready, more are added while it is busy; every call is served."""
+    procs = []
+    for n in range(4):
+        rootfs = make_busybox_rootfs(creates.tmp / f"rootfs{n}")  # each writes its ld cache
+        bundle = make_bundle(creates.tmp, rootfs, ["/bin/true"], env=GPU, name=f"many{n}")
+        cid = f"daemon-many-{os.getpid()}-{n}"
+        creates.ids.append(cid)
+        with open(creates.tmp / f"{cid}.out", "w") as out:  # the container keeps its stdio
+            procs.append((cid, subprocess.Popen(
+                [creates.runtime, "--root", creates.root, "create", "--bundle", bundle, cid],
+                env=creates.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+            )))  # fmt: skip
+    for cid, proc in procs:
+        assert proc.wait(timeout=120) == 0, (creates.tmp / f"{cid}.out").read_text()
+    assert len(daemon.served()) == 4
+    assert all(s.endswith("imports=0") for s in daemon.served())

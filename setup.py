@@ -10,7 +10,11 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["nvshim", "nvshim.*"]),
-    package_data={"nvshim.cdi": ["schema/*.json"]},
+    package_data={
+        "nvshim.cdi": ["schema/*.json"],
+        # the unit the node installer writes (one file: packaging/systemd)
+        "nvshim.node": ["nvshim-runtimed.service"],
+    },
     install_requires=[
         "nvidia-ml-py>=12.535",
         "tomlkit>=0.12",

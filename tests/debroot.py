@@ -19,10 +19,14 @@ from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("NVSHIM_TEST_CACHE", "/tmp/nvshim-test-cache")
-# What goes into the bundle: the package, its metadata and the builder.
+# What goes into the bundle: the package, its metadata and the builder (and the unit the
+# package links to: tree_digest counts a link by its target).
 # Builds kept per product: enough for a few checkouts side by side.
 KEEP = 3
-BUNDLE_INPUTS = ("nvshim", "setup.py", "pyproject.toml", "README.md", "packaging/bundle")
+BUNDLE_INPUTS = (
+    "nvshim", "setup.py", "pyproject.toml", "README.md", "packaging/bundle",
+    "packaging/systemd/nvshim-runtimed.service",
+)  # fmt: skip
 
 
 def cached(name: str, inputs: object, build: Callable[[str], None]) -> str:

@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from nvshim.runtime import DAEMON_SOCKET
 from tests.conftest import REPO, write_config
 from tests.debroot import bundle_dir, cached, debian_root_tar, unpack
 from tests.runc_util import make_bundle
@@ -91,7 +92,7 @@ def test_package_contents_name_final_paths(package, tmp_path):
     deb = deb_path(package)
     tree = tmp_path / "tree"
     subprocess.run(["dpkg-deb", "-x", deb, str(tree)], check=True)
-    for name in ("nvshim", "nvshim-runtime", "nvshim-hook"):
+    for name in ("nvshim", "nvshim-runtime", "nvshim-hook", "nvshim-runtimed"):
         link = tree / "usr" / "bin" / name
         assert os.path.realpath(link) == str(tree) + f"{PREFIX}/bin/{name}"
         launcher = (tree / PREFIX.lstrip("/") / "bin" / name).read_text()
@@ -110,7 +111,9 @@ def test_package_contents_name_final_paths(package, tmp_path):
     control = tmp_path / "control"
     subprocess.run(["dpkg-deb", "-e", deb, str(control)], check=True)
     assert (control / "conffiles").read_text().split() == ["/etc/nvshim/config.toml"]
-    for unit in ("nvshim-cdi-refresh.service", "nvshim-cdi-refresh.path", "nvshim-mps.service"):
+    units = ("nvshim-cdi-refresh.service", "nvshim-cdi-refresh.path", "nvshim-mps.service",
+             "nvshim-runtimed.service")  # fmt: skip
+    for unit in units:
         assert (tree / "lib" / "systemd" / "system" / unit).is_file()
     assert (tree / "lib" / "udev" / "rules.d" / "60-nvshim-cdi-refresh.rules").is_file()
     assert not list(tree.rglob("__pycache__"))
@@ -121,6 +124,16 @@ def test_package_contents_name_final_paths(package, tmp_path):
     assert parse_config(text.encode(), "config.toml").warnings == []
     uncommented = re.sub(r"^# ([a-z-]+ = )", r"\1", text, flags=re.M).encode()
     assert parse_config(uncommented, "config.toml").values == DEFAULTS
+
+
+INVOKED = "/ctr/deb-systemd-invoke.log"
+SOCKET = f"/run/nvshim/{DAEMON_SOCKET}"  # the package's nvshim-runtimed (default cache dir)
+
+
+def invoked(root: str, unit: str) -> list[str]:
+    """The stand-in deb-systemd-invoke's calls naming ``unit``."""
+    with open(root + INVOKED) as fh:
+        return [x for x in fh.read().splitlines() if unit in x]
 
 
 def snapshot(root: str) -> dict[str, str]:
@@ -190,14 +203,21 @@ def test_install_use_upgrade_remove_purge(package, sim_hosts, tmp_path):
         os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
         with open(os.path.join(root, rel), "w") as fh:
             fh.write(text)
+    # systemd "running": a stand-in deb-systemd-invoke records what the maintainer scripts
+    # start, stop and restart
+    os.makedirs(root + "/run/systemd/system", exist_ok=True)
+    with open(root + "/usr/local/sbin/deb-systemd-invoke", "w") as fh:
+        fh.write(f'#!/bin/sh\necho "$*" >> {INVOKED}\n')
+    os.chmod(root + "/usr/local/sbin/deb-systemd-invoke", 0o755)
     before = snapshot(root)
     shutil.copy(deb_path(package), root + "/ctr/nvshim.deb")
 
     node.run("dpkg -i /ctr/nvshim.deb")
-    assert os.path.islink(root + "/etc/systemd/system/multi-user.target.wants/"
-                          "nvshim-cdi-refresh.service")  # fmt: skip
-    assert not os.path.exists(root + "/etc/systemd/system/multi-user.target.wants/"
-                              "nvshim-mps.service")  # fmt: skip
+    wants = root + "/etc/systemd/system/multi-user.target.wants/"
+    assert os.path.islink(wants + "nvshim-cdi-refresh.service")
+    assert os.path.islink(wants + "nvshim-runtimed.service")
+    assert not os.path.exists(wants + "nvshim-mps.service")
+    assert invoked(root, "runtimed") == ["start nvshim-runtimed.service"]
     roots = "--driver-root /sim --dev-root /sim"
     out = node.run(
         f"nvshim --version; nvshim info {roots}; "
@@ -241,14 +261,39 @@ def test_install_use_upgrade_remove_purge(package, sim_hosts, tmp_path):
         view[key] = rest.split()
     assert gpu_nodes(view) == {"nvidia0"} and view["CVD"] == [uuid], out.stdout
 
+    # the same through the package's nvshim-runtimed (what its unit runs): served there
+    spec["root"]["path"] = "/ctr/c1/rootfs"
+    os.makedirs(root + "/ctr/c2")
+    with open(root + "/ctr/c2/config.json", "w") as fh:
+        json.dump(spec, fh)
+    out = node.run(
+        "nvshim-runtimed --verbose 2>/ctr/runtimed.log & daemon=$!; i=0; "
+        f"while [ ! -S {SOCKET} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+        f"NVSHIM_CONFIG={config} nvshim-runtime --root /ctr/runc-state run --no-pivot "
+        f"--bundle /ctr/c2 nvshim-deb-d{os.getpid()} </dev/null; "
+        "kill $daemon; wait $daemon"
+    )
+    with open(root + "/ctr/runtimed.log") as fh:
+        served = [x for x in fh.read().splitlines() if x.startswith("nvshim-runtimed: served: ")]
+    assert len(served) == 1 and " run --no-pivot " in served[0], served
+    assert f"CVD={uuid}" in out.stdout.splitlines(), out.stdout
+    assert not os.path.exists(root + SOCKET)
+
     # an upgrade (the same package again) keeps an operator's config
     with open(root + "/etc/nvshim/config.toml", "a") as fh:
         fh.write('[policy]\ncdi-vendor = "example.com"\n')
     edited = open(root + "/etc/nvshim/config.toml").read()
+    os.unlink(root + INVOKED)
     node.run("dpkg -i /ctr/nvshim.deb")
     assert open(root + "/etc/nvshim/config.toml").read() == edited
+    # stopped before the new files are unpacked, started after: never a restart of a
+    # daemon that ran the old code over the new files
+    assert invoked(root, "runtimed") == ["stop nvshim-runtimed.service",
+                                         "start nvshim-runtimed.service"]  # fmt: skip
 
+    os.unlink(root + INVOKED)
     node.run("dpkg -r nvshim")
+    assert invoked(root, "runtimed") == ["stop nvshim-runtimed.service"]
     assert not os.path.lexists(root + "/usr/bin/nvshim")
     assert not os.path.exists(root + PREFIX)
     assert not os.path.exists(root + "/run/cdi/nvidia.yaml")  # it named the removed hook

@@ -1,6 +1,7 @@
 """The shipped systemd units pass `systemd-analyze verify` (offline, against a staged root
-holding the binaries they run), the refresh unit's command works as written, and the udev
-rule starts a unit that is shipped."""
+holding the binaries they run), the refresh unit's command works as written, the daemon
+unit's command keeps systemd's Type=notify and KillMode=mixed contract, and the udev rule
+starts a unit that is shipped."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 
 import pytest
@@ -62,9 +65,11 @@ def test_every_unit_verifies(tmp_path):
         "nvshim-mps.service",
         "nvshim-cdi-refresh.service",
         "nvshim-cdi-refresh.path",
+        "nvshim-runtimed.service",
     }
     binaries = sorted({b for unit in UNITS for b in exec_binaries(unit)})
-    assert binaries == ["/usr/bin/nvshim"]  # the package's path, nothing under /usr/local
+    # the package's paths, nothing under /usr/local
+    assert binaries == ["/usr/bin/nvshim", "/usr/bin/nvshim-runtimed"]
     root = stage_root(tmp_path, UNITS, binaries)
     proc = verify(root, [os.path.basename(u) for u in UNITS])
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -104,6 +109,90 @@ def test_refresh_unit_command_works_as_written(sim_hosts, tmp_path):
     assert run_nvshim("cdi", "validate", spec).returncode == 0
     again = run_nvshim(*args)
     assert again.returncode == 0 and "is current" in again.stderr
+
+
+RUNTIMED = os.path.join(REPO, "packaging", "systemd", "nvshim-runtimed.service")
+# Options that give a service its own view of mounts, processes, users, the network or
+# the root (systemd.exec(5) "Sandboxing" and "Paths"), and RuntimeDirectory, which
+# would remove /run/nvshim (caches, MPS state) when the unit stops.
+NAMESPACING = {
+    "RootDirectory", "RootImage", "MountAPIVFS", "PrivateTmp", "PrivateMounts",
+    "PrivateDevices", "PrivateNetwork", "NetworkNamespacePath", "PrivateUsers", "PrivateIPC",
+    "IPCNamespacePath", "ProtectSystem", "ProtectHome", "ProtectProc", "ProcSubset",
+    "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
+    "ProtectControlGroups", "ProtectClock", "ProtectHostname", "ReadOnlyPaths",
+    "ReadWritePaths", "InaccessiblePaths", "ExecPaths", "NoExecPaths", "BindPaths",
+    "BindReadOnlyPaths", "TemporaryFileSystem", "MountImages", "ExtensionImages",
+    "ExtensionDirectories", "MountFlags", "DynamicUser", "User", "Group",
+    "RestrictNamespaces", "RuntimeDirectory", "JoinsNamespaceOf",
+}  # fmt: skip
+ENGINE_UNITS = {"containerd.service", "docker.service", "crio.service", "k3s.service",
+                "k3s-agent.service", "rke2-server.service", "rke2-agent.service"}  # fmt: skip
+
+
+def unit_keys(path: str) -> dict[str, list[str]]:
+    """Every key of a unit file with its values (all sections; comments skipped)."""
+    keys: dict[str, list[str]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if "=" in line and not line.startswith(("#", ";", "[")):
+                key, value = line.split("=", 1)
+                keys.setdefault(key.strip(), []).extend(value.split())
+    return keys
+
+
+def test_runtimed_unit_runs_in_the_hosts_namespaces_before_the_engines():
+    keys = unit_keys(RUNTIMED)
+    assert not NAMESPACING & set(keys), NAMESPACING & set(keys)
+    assert keys["Type"] == ["notify"] and keys["ExecStart"] == ["/usr/bin/nvshim-runtimed"]
+    assert keys["Restart"] == ["always"] and int(keys["RestartSec"][0]) <= 2
+    assert keys["KillMode"] == ["mixed"]  # SIGTERM to the daemon; its workers finish
+    # ordered before every engine, needed by none, wanted by the boot target only
+    assert set(keys["Before"]) == ENGINE_UNITS
+    for key in ("RequiredBy", "UpheldBy", "Wants", "Requires", "BindsTo", "PartOf",
+                "Requisite", "Upholds", "After"):  # fmt: skip
+        assert key not in keys, key
+    assert keys["WantedBy"] == ["multi-user.target"]
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def test_runtimed_command_keeps_the_units_contract(tmp_path):
+    """The unit's ExecStart (the launcher `nvshim install` writes for /usr/bin) sends
+    READY=1 to systemd's NOTIFY_SOCKET once its socket is live, and on SIGTERM to it
+    alone (KillMode=mixed) removes the socket, ends its workers and exits 0."""
+    from nvshim.launch import write_launchers
+    from nvshim.runtime import DAEMON_SOCKET
+
+    (command,) = unit_lines(RUNTIMED, "ExecStart")
+    assert shlex.split(command) == ["/usr/bin/nvshim-runtimed"]
+    bin_dir, cache = tmp_path / "bin", tmp_path / "cache"
+    write_launchers(str(bin_dir))
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.settimeout(60)
+    env = {"PATH": os.environ["PATH"], "NVSHIM_CACHE_DIR": str(cache),
+           "NOTIFY_SOCKET": str(tmp_path / "notify")}  # fmt: skip
+    proc = subprocess.Popen([str(bin_dir / "nvshim-runtimed")], env=env,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert notify.recv(4096) == b"READY=1"
+        assert os.path.exists(cache / DAEMON_SOCKET)  # live before it says so
+        workers = _children(proc.pid)
+        assert workers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notify.close()
+    assert not os.path.exists(cache / DAEMON_SOCKET)
+    for pid in workers:
+        assert not os.path.exists(f"/proc/{pid}"), pid
 
 
 RULE_KEY = re.compile(

@@ -88,20 +88,31 @@ def find_systemctl(host_root: str = "/") -> list[str]:
     return [systemctl]
 
 
-def systemd_restart(s: Settings) -> str:
-    """``systemctl restart <unit>``; return a sentence saying so."""
-    systemctl = find_systemctl(s.host_root)
+def systemctl(host_root: str, *args: str, timeout: float = 300) -> str | None:
+    """Run ``systemctl ARGS`` (see :func:`find_systemctl`): None when it succeeded, else
+    why not, in one line."""
+    command = find_systemctl(host_root)
+    # chrooted into the host's own root: talk to its systemd (systemctl would otherwise
+    # take a chroot for an offline image and ignore start, stop and reload)
+    env = {**os.environ, "SYSTEMD_IGNORE_CHROOT": "1"} if command[0] == "chroot" else None
     try:
         done = subprocess.run(
-            [*systemctl, "restart", s.unit], capture_output=True, text=True, timeout=300
+            [*command, *args], capture_output=True, text=True, timeout=timeout, env=env
         )
     except subprocess.TimeoutExpired:
-        raise NvshimError(f"systemctl restart {s.unit}: no answer after 300 s") from None
-    if done.returncode != 0:
-        reason = (done.stderr or done.stdout).strip().splitlines()
-        detail = reason[0] if reason else f"exit status {done.returncode}"
+        return f"no answer after {timeout:.0f} s"
+    if done.returncode == 0:
+        return None
+    reason = (done.stderr or done.stdout).strip().splitlines()
+    return reason[0] if reason else f"exit status {done.returncode}"
+
+
+def systemd_restart(s: Settings) -> str:
+    """``systemctl restart <unit>``; return a sentence saying so."""
+    why = systemctl(s.host_root, "restart", s.unit)
+    if why is not None:
         raise NvshimError(
-            f"systemctl restart {s.unit} failed: {detail}"
+            f"systemctl restart {s.unit} failed: {why}"
             f" (the configuration is written; restart {s.unit} yourself)"
         )
     return f"restarted {s.unit} with systemctl"

@@ -78,6 +78,7 @@ VARS: dict[str, tuple[str, ...]] = {
     "node_config": ("NVSHIM_NODE_CONFIG",),
     "host_config": ("NVSHIM_HOST_CONFIG",),
     "device_nodes": ("NVSHIM_CREATE_DEVICE_NODES", "CREATE_DEVICE_NODES"),
+    "runtimed": ("NVSHIM_RUNTIMED",),
 }
 DEVICE_NODE_KINDS = ("control", "none")
 BOOLS = (
@@ -88,6 +89,7 @@ BOOLS = (
     "accept_env",
     "accept_mounts",
     "keep",
+    "runtimed",
 )
 # Variables of the reference installer nvshim reads but cannot act on: (names, why).
 UNHONOURED: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -126,6 +128,7 @@ class NodeSettings:
     node_config: str | None = None  # in the installer
     host_config: str = DEFAULT_HOST_CONFIG  # host path
     create_device_nodes: bool = False  # CREATE_DEVICE_NODES=control
+    runtimed: bool = True  # nvshim-runtimed.service on a systemd host
     policy: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -357,6 +360,7 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
         node_config=paths["node_config"],
         host_config=paths["host_config"],
         create_device_nodes="control" in kinds,
+        runtimed=bool(values.get("runtimed", True)),
         policy=policy,
         warnings=warnings,
     )

@@ -1,10 +1,11 @@
 """The installer's steps, each safe to repeat after a crash, and their undo.
 
 Order on install: discovery and the sharing config's check (nothing written yet),
-nvshim's files on the host, its config (and the sharing config), the CDI spec, then the
-engine (configure, restart). Uninstall runs the other way. One
-installer at a time per node: :func:`node_lock` holds the pid file locked for the
-installer's whole life, so a second pod on the node waits until the first one is gone.
+nvshim's files on the host, its config (and the sharing config), the CDI spec, the
+nvshim-runtimed unit (:mod:`nvshim.node.runtimed`), then the engine (configure,
+restart). Uninstall runs the other way. One installer at a time per node:
+:func:`node_lock` holds the pid file locked for the installer's whole life, so a second
+pod on the node waits until the first one is gone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from nvshim.errors import NvshimError
-from nvshim.node import placed
+from nvshim.node import placed, runtimed
 from nvshim.node.env import NodeSettings
 
 Say = Callable[[str], None]
@@ -239,6 +240,7 @@ def preflight(s: NodeSettings) -> None:
     from nvshim.engines.restart import find_systemctl, socket_owner
 
     check_inputs(s)
+    runtimed.preflight(s)
     if s.engine is not None and s.engine.restart == "signal":
         socket_owner(s.engine.socket)
     elif s.engine is not None and s.engine.restart == "systemd":
@@ -266,6 +268,7 @@ def install(s: NodeSettings, say: Say) -> object:
     write_configs(s, say)
     if s.cdi_enabled:
         write_cdi(s, say, host)
+    runtimed.install(s, say)
     configure_engine(s, say)
     return host
 
@@ -291,6 +294,7 @@ def uninstall(s: NodeSettings, say: Say) -> list[str]:
 
     step(lambda: unconfigure_engine(s, say))
     if not s.keep:
+        step(lambda: runtimed.remove(s, say))
         step(lambda: take_back(s.cdi_spec))
         step(lambda: take_back(s.cdi_shared_spec))
     config_path, sharing_path = host_configs(s)

@@ -166,4 +166,3 @@ def runtime_daemon(ctx: Context):
     pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     sock.close()
     return ok("runtime-daemon", f"nvshim-runtimed (pid {pid}) answers at {path}")
-

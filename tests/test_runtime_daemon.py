@@ -358,3 +358,56 @@ def test_the_runtime_lookup_never_returns_the_callers_own_program(creates, daemo
     assert proc.stderr == (f"nvshim-runtime: error: no low-level runtime found (tried "
                            f"{creates.runtime})\n")  # fmt: skip
     assert len(daemon.served()) == 1
+
+
+def _wait_for(predicate, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_call_past_the_call_timeout_is_killed(creates):
+    """A caller that never reports runc's status holds its worker: the watchdog kills the
+    worker, the caller sees the connection end, and a fresh worker serves the next call."""
+    d = Daemon(creates, "--workers", "1", "--call-timeout", "1")
+    try:
+        rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+        bundle = make_bundle(creates.tmp, rootfs, ["/bin/true"], env=GPU, name="stuck")
+        argv = [creates.runtime, "--root", creates.root, "create", "--bundle", bundle, "stuck"]
+        env = [f"{k}={v}".encode() for k, v in creates.env().items()]
+        base = [wire.REQUEST, wire.PROTOCOL, __version__.encode(),
+                wire.encode(__import__("nvshim").__file__)]  # fmt: skip
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            sock.connect(d.socket)
+            packet = wire.pack(*base, *wire.counted([a.encode() for a in argv]), *env)
+            socket.send_fds(sock, [packet], [0, 1, 2, os.open("/", os.O_PATH)])
+            assert wire.unpack(sock.recv(wire.LIMIT))[0] == wire.SPAWN
+            sock.settimeout(30)
+            assert sock.recv(wire.LIMIT) == b""  # killed while waiting for the status
+        assert "a call busy for 1 s, killed" in d.text()
+        cid = f"daemon-after-stuck-{os.getpid()}"
+        _, status = creates.create(rootfs, cid)
+        assert status == 0, creates.output(cid)
+        assert len(d.served()) == 1
+    finally:
+        assert d.stop() == 0
+
+
+def test_extra_workers_idle_past_the_idle_timeout_are_retired(creates):
+    """A worker busy with a silent connection makes the daemon add one; once both are
+    idle again the extra one goes."""
+    d = Daemon(creates, "--workers", "1", "--idle-timeout", "0.5")
+    try:
+        (first,) = _workers(d.proc.pid)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as held:
+            held.connect(d.socket)  # a worker takes it and waits for the request
+            _wait_for(lambda: len(_workers(d.proc.pid)) == 2, "no worker was added")
+            rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+            cid = f"daemon-idle-{os.getpid()}"
+            _, status = creates.create(rootfs, cid)  # served by the added worker
+            assert status == 0, creates.output(cid)
+        _wait_for(lambda: len(_workers(d.proc.pid)) == 1, "the extra worker stayed")
+        assert len(d.served()) == 1 and "failed" not in d.text()
+    finally:
+        assert d.stop() == 0

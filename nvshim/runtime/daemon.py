@@ -8,8 +8,9 @@ working directory and environment, runs ``nvshim.runtime.main.run`` with a ``Low
 that hands the low-level runtime back to the client (exec, or spawn and report its
 status), so runc stays the engine's grandchild, then puts its own back. The finishing
 steps run in the worker. The parent keeps ``--workers`` alive, adds one whenever all
-are busy (up to ``--max-workers``), retires extras idle for ``IDLE_S``, and kills a worker
-busy for ``WATCHDOG_S`` (its client fails the call and deletes what it created).
+are busy (up to ``--max-workers``), retires extras idle for ``--idle-timeout``, and kills
+a worker busy with one call for ``--call-timeout`` (its client fails the call and
+deletes what it created).
 Workers are recycled after ``RECYCLE`` calls and after any call that failed
 unexpectedly. A worker serves calls one after another because a forked child would
 pay copy-on-write faults for every page Python touches (~3 ms a call).
@@ -37,6 +38,7 @@ from collections.abc import Callable
 import nvshim
 from nvshim import __version__
 from nvshim.errors import NvshimError, one_line
+from nvshim.record import record
 from nvshim.runtime import DAEMON_SOCKET, wire
 from nvshim.runtime.main import LowLevel, run
 from nvshim.trusted import CACHE_DIR, cache_dir_for
@@ -53,10 +55,19 @@ PRELOAD_MODULES = (
 # (TOML, NVML), an MPS daemon query
 PRELOAD_LAZY = ("tomllib", "pynvml", "subprocess")
 NAMESPACES = ("mnt", "pid", "user")
-MIN_WORKERS, MAX_WORKERS = 2, 32  # defaults of --workers and --max-workers
-IDLE_S = 60.0  # extra workers idle this long are retired
-WATCHDOG_S = 300.0  # a call busy this long is killed (kubelet gave up after 120 s)
 RECYCLE = 1000  # calls per worker
+
+
+@record(frozen=True)
+class Limits:
+    """The pool's size and timeouts (the command's options)."""
+
+    workers: int = 2  # kept ready
+    max_workers: int = 32  # added while all are busy
+    idle_timeout: float = 60.0  # an extra worker idle this long is retired
+    call_timeout: float = 300.0  # a call busy this long is killed (kubelet gives up at 120 s)
+
+
 BUSY, IDLE = b"b", b"i"  # worker -> parent, after its pid: 5-byte records on one pipe
 
 
@@ -281,9 +292,8 @@ class Pool:
     """The parent's view of its workers: pid -> (control fd, busy since or None,
     idle since)."""
 
-    def __init__(self, listener: socket.socket, verbose: bool, sizes: tuple[int, int]) -> None:
-        self.listener, self.verbose = listener, verbose
-        self.minimum, self.maximum = sizes
+    def __init__(self, listener: socket.socket, verbose: bool, limits: Limits) -> None:
+        self.listener, self.verbose, self.limits = listener, verbose, limits
         self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
         self.workers: dict[int, list] = {}
 
@@ -345,18 +355,18 @@ class Pool:
 
     def tend(self) -> None:
         """Keep the pool the right size; kill calls stuck past the watchdog."""
-        now = time.monotonic()
+        now, limits = time.monotonic(), self.limits
         live = {p: e for p, e in self.workers.items() if e[0] >= 0}
         for pid, (_, busy, _) in live.items():
-            if busy is not None and now - busy > WATCHDOG_S:
-                _say(2, f"worker {pid}: a call busy for {WATCHDOG_S:.0f} s, killed")
+            if busy is not None and now - busy > limits.call_timeout:
+                _say(2, f"worker {pid}: a call busy for {limits.call_timeout:g} s, killed")
                 os.kill(pid, signal.SIGKILL)
         idle = [p for p, e in live.items() if e[1] is None]
-        if len(live) < self.minimum or (not idle and len(self.workers) < self.maximum):
+        if len(live) < limits.workers or (not idle and len(self.workers) < limits.max_workers):
             self.spawn()
-        elif len(live) > self.minimum:
-            for pid in idle[: len(live) - self.minimum]:
-                if now - live[pid][2] > IDLE_S:
+        elif len(live) > limits.workers:
+            for pid in idle[: len(live) - limits.workers]:
+                if now - live[pid][2] > limits.idle_timeout:
                     self.retire(pid)
 
     def stop(self) -> None:
@@ -386,14 +396,14 @@ def _notify_ready() -> None:
             pass
 
 
-def serve(path: str, verbose: bool = False, sizes: tuple[int, int] = (MIN_WORKERS, MAX_WORKERS)):
-    """Listen at ``path`` and serve calls with a pool of ``sizes`` (fewest, most) workers
-    until SIGTERM."""
+def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> None:
+    """Listen at ``path`` and serve calls with a pool of workers until SIGTERM."""
+    limits = limits or Limits()
     failed = preload()
     for name in failed:
         _say(2, f"not preloaded: {name}")
     listener, identity = listen(path)
-    pool = Pool(listener, verbose, sizes)
+    pool = Pool(listener, verbose, limits)
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     os.set_blocking(pool.status_r, False)
     signal.set_wakeup_fd(wake_w)
@@ -402,7 +412,7 @@ def serve(path: str, verbose: bool = False, sizes: tuple[int, int] = (MIN_WORKER
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     gc.freeze()  # the workers share the imported modules' pages instead of copying them
     try:
-        for _ in range(sizes[0]):
+        for _ in range(limits.workers):
             pool.spawn()
         _say(2, f"listening on {path} (nvshim {__version__})")
         _notify_ready()
@@ -437,18 +447,25 @@ def main(argv: list[str] | None = None) -> int:
         description=f"nvshim-runtime's resident half: listens on {CACHE_DIR}/{DAEMON_SOCKET} "
         "($NVSHIM_CACHE_DIR/... when set), where nvshim-runtime looks",
     )
+    default = Limits()
     parser.add_argument("--verbose", action="store_true", help="one line per call on stderr")
-    parser.add_argument("--workers", type=int, default=MIN_WORKERS,
+    parser.add_argument("--workers", type=int, default=default.workers,
                         help="workers kept ready (default %(default)s)")  # fmt: skip
-    parser.add_argument("--max-workers", type=int, default=MAX_WORKERS,
+    parser.add_argument("--max-workers", type=int, default=default.max_workers,
                         help="at most, added while all are busy (default %(default)s)")  # fmt: skip
+    parser.add_argument("--idle-timeout", type=float, default=default.idle_timeout,
+                        help="seconds an extra worker may idle (default %(default)g)")  # fmt: skip
+    parser.add_argument("--call-timeout", type=float, default=default.call_timeout,
+                        help="seconds a call may run (default %(default)g)")  # fmt: skip
     opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not 1 <= opts.workers <= opts.max_workers:
         parser.error(f"--workers {opts.workers}: must be 1 to --max-workers ({opts.max_workers})")
+    for name in ("idle_timeout", "call_timeout"):
+        if not getattr(opts, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be above 0")
+    limits = Limits(opts.workers, opts.max_workers, opts.idle_timeout, opts.call_timeout)
     try:
-        serve(
-            os.path.join(CACHE_DIR, DAEMON_SOCKET), opts.verbose, (opts.workers, opts.max_workers)
-        )
+        serve(os.path.join(CACHE_DIR, DAEMON_SOCKET), opts.verbose, limits)
     except NvshimError as err:
         print(f"{TOOL}: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -95,6 +95,7 @@ def served(sock, argv: list[str]) -> int | None:
 def follow(sock) -> int | None:
     """Carry out the daemon's answers until one ends the call."""
     cleanup: list[bytes] = []  # runtime argv that deletes a container this process created
+    spawned = False  # from then on the call cannot be handed back
     while True:
         try:
             fields = wire.unpack(sock.recv(wire.LIMIT))
@@ -114,6 +115,7 @@ def follow(sock) -> int | None:
                 argv, cleanup = wire.split_counted(fields[2:])
             except ValueError:
                 return _lost("a malformed answer", cleanup)
+            spawned = True
             status = _run([runtime, *argv])
             cleanup = [runtime, *cleanup] if status == 0 and cleanup else []
             try:
@@ -122,7 +124,7 @@ def follow(sock) -> int | None:
                 return _lost(err.strerror or str(err), cleanup)
         elif tag == wire.EXIT and len(fields) == 2 and fields[1].isdigit():
             return int(fields[1])
-        elif tag == wire.DECLINE and not cleanup:
+        elif tag == wire.DECLINE and not spawned:
             return None
         else:
             return _lost("no answer" if fields == [b""] else "a malformed answer", cleanup)

@@ -11,6 +11,7 @@ import time
 
 from bench.runtime_start import write_bench_config
 from nvshim.launch import write_launchers
+from tests.runc_util import start_daemon
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,15 +55,11 @@ def running_daemon(bin_dir: str, env: dict[str, str], prefix: tuple[str, ...] = 
     its messages go to ``nvshim-runtimed-<pid>.err`` beside ``bin_dir``. ``prefix``: a
     command it runs under (``nsenter`` into an engine's mount namespace)."""
     log = os.path.join(os.path.dirname(bin_dir), f"nvshim-runtimed-{os.getpid()}-{len(prefix)}.err")
-    with open(log, "w") as err:
-        proc = subprocess.Popen([*prefix, os.path.join(bin_dir, "nvshim-runtimed")], env=env,
-                                stdin=subprocess.DEVNULL, stdout=err, stderr=err)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while "listening on" not in open(log).read():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"nvshim-runtimed did not start: {open(log).read()}")
-            time.sleep(0.02)
+        proc = start_daemon(bin_dir, env, log, prefix=prefix)
+    except RuntimeError as err:
+        raise SystemExit(str(err)) from None
+    try:
         yield proc
     finally:
         proc.terminate()

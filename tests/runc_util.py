@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from typing import Any
 
 from nvshim.record import asdict
@@ -393,3 +394,23 @@ def counting_interpreter(path: str | os.PathLike, log: str | os.PathLike) -> str
         fh.write(f'#!/bin/sh\necho start >> {log}\nexec {real_interpreter()} "$@"\n')
     os.chmod(path, 0o755)
     return os.fspath(path)
+
+
+def start_daemon(
+    bin_dir: str, env: dict[str, str], log: str, *flags: str, prefix: tuple[str, ...] = ()
+) -> subprocess.Popen:
+    """``nvshim-runtimed FLAGS`` of the launchers in ``bin_dir`` with ``env``, its messages
+    in ``log``, once it listens. ``prefix``: a command it runs under (``nsenter`` into an
+    engine's mount namespace). Raises RuntimeError (its messages) when it does not start."""
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [*prefix, os.path.join(bin_dir, "nvshim-runtimed"), *flags],
+            env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while "listening on" not in open(log).read():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"nvshim-runtimed did not start: {open(log).read()}")
+        time.sleep(0.02)
+    return proc

@@ -22,7 +22,7 @@ import pytest
 from nvshim import __version__
 from nvshim.runtime import wire
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import make_bundle, read_log
+from tests.runc_util import make_bundle, read_log, start_daemon
 from tests.test_runtime_finish import CONF, LIBDIR, RUNC, Creates
 
 GPU = {"NVIDIA_VISIBLE_DEVICES": "0"}
@@ -35,16 +35,7 @@ class Daemon:
         self.creates = creates
         self.socket = os.path.join(creates.cache_dir, "runtime.sock")
         self.err = creates.tmp / "daemon.err"
-        with open(self.err, "w") as err:
-            self.proc = subprocess.Popen(
-                [os.path.join(creates.bin_dir, "nvshim-runtimed"), "--verbose", *flags],
-                env=creates.env(), stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-            )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while "listening on" not in self.text():
-            assert self.proc.poll() is None, self.text()
-            assert time.monotonic() < deadline, "nvshim-runtimed did not start"
-            time.sleep(0.05)
+        self.proc = start_daemon(creates.bin_dir, creates.env(), self.err, "--verbose", *flags)
 
     def text(self) -> str:
         return self.err.read_text()

@@ -1,6 +1,7 @@
 """The quick-start demo: build the simulated 8 x H100 host, show what nvshim discovers,
 write and validate the CDI spec, and (when podman is installed) run a container that
-gets GPU 0 through it; then the same request through nvshim-runtime and runc.
+gets GPU 0 through it; then the same request through nvshim-runtime and runc, in
+nvshim-runtime's own process and served by nvshim-runtimed.
 
 Usage: ``python3 -m tests.sim.demo [--host NAME] [--dir DIR]`` (root: the host needs mknod).
 """
@@ -16,6 +17,8 @@ import sys
 from tests.sim.simhost import build_host
 
 BIN = os.path.dirname(sys.executable)
+# a privileged container: the default policy honours NVIDIA_VISIBLE_DEVICES only there
+PRIVILEGED = ["CAP_SYS_ADMIN", "CAP_KILL", "CAP_AUDIT_WRITE"]
 
 
 def step(title: str) -> None:
@@ -25,6 +28,38 @@ def step(title: str) -> None:
 def nvshim(*args: str) -> None:
     print("$ nvshim " + " ".join(args), flush=True)
     subprocess.run([os.path.join(BIN, "nvshim"), *args], check=True)
+
+
+def served_run(work: str, bin_dir: str, config: str, rootfs: str) -> int:
+    """The same container once more, with nvshim-runtimed (its own cache directory under
+    ``work``) doing nvshim-runtime's work."""
+    from tests.runc_util import make_bundle, runc_run, start_daemon
+
+    step("the same through nvshim-runtimed: nvshim-runtime's resident half does the work")
+    env = {"NVSHIM_CONFIG": config, "NVSHIM_CACHE_DIR": os.path.join(work, "cache")}
+    log = os.path.join(work, "nvshim-runtimed.log")
+    print(f"$ NVSHIM_CACHE_DIR={env['NVSHIM_CACHE_DIR']} nvshim-runtimed --verbose &")
+    daemon = start_daemon(bin_dir, {"PATH": os.environ.get("PATH", ""), **env}, log, "--verbose")
+    try:
+        bundle = make_bundle(
+            os.path.join(work, "runc"),
+            rootfs,
+            ["/bin/sh", "-c", "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"],
+            env={"NVIDIA_VISIBLE_DEVICES": "0"},
+            name="served",
+            capabilities=PRIVILEGED,
+        )
+        proc = runc_run(bundle, "nvshim-demo-served",
+                        runtime=os.path.join(bin_dir, "nvshim-runtime"), env=env)  # fmt: skip
+        print(proc.stdout + proc.stderr)
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=60)
+    with open(log) as fh:
+        print("nvshim-runtimed's log:\n" + fh.read())
+    with open(os.path.join(work, "nvshim.log")) as fh:
+        print("decision log:\n" + "".join(ln for ln in fh if "nvshim-demo-served" in ln))
+    return proc.returncode
 
 
 def main() -> int:
@@ -103,7 +138,7 @@ def main() -> int:
                 "ls /dev /dev/nvidia-caps; echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES",
             ],
             env={"NVIDIA_VISIBLE_DEVICES": "6:1"},
-            capabilities=["CAP_SYS_ADMIN", "CAP_KILL", "CAP_AUDIT_WRITE"],
+            capabilities=PRIVILEGED,
         )
         proc = runc_run(
             bundle,
@@ -116,6 +151,9 @@ def main() -> int:
             print("decision log:\n" + "".join(line for line in fh if "nvshim-runtime" in line))
         if proc.returncode != 0:
             return proc.returncode
+        code = served_run(args.dir, bin_dir, config, rootfs)
+        if code != 0:
+            return code
     print("\ndemo finished: everything above ran against the simulated host")
     return 0
 

@@ -189,7 +189,18 @@ def test_exec_of_a_prepared_container_gets_the_enforced_variables(creates, daemo
     assert proc.returncode == 0, proc.stderr
     uuid = creates.sim.topology["gpus"][0]["uuid"]
     assert f"CUDA_VISIBLE_DEVICES={uuid}" in proc.stdout.splitlines()
-    assert [s.split()[2] for s in daemon.served()] == ["create", "exec"]
+    # the engines' form: a process file, which reaches runc as a memory file the worker
+    # made and handed to the client with its number
+    process = creates.tmp / "process.json"
+    process.write_text(json.dumps({"args": ["/bin/busybox", "env"], "cwd": "/",
+                                   "env": ["PATH=/bin", "CUDA_VISIBLE_DEVICES=all"],
+                                   "user": {"uid": 0, "gid": 0}}))  # fmt: skip
+    before = process.read_bytes()
+    proc = creates.call("exec", "--process", str(process), cid, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"CUDA_VISIBLE_DEVICES={uuid}" in proc.stdout.splitlines()
+    assert process.read_bytes() == before  # the engine's file is never written
+    assert [s.split()[2] for s in daemon.served()] == ["create", "exec", "exec"]
 
 
 def test_the_daemon_declines_what_it_must_not_serve(creates, daemon):

@@ -26,6 +26,7 @@ from nvshim.runtime import DAEMON_SOCKET, exit_status, wire
 from nvshim.trusted import CACHE_DIR
 
 TOOL = "nvshim-runtime"
+_FD_SPACE = _socket.CMSG_SPACE(4 * 8)  # ancillary room: up to 8 fds in one answer
 CONNECT_TIMEOUT = 2.0  # a daemon that does not accept: go in-process
 ANSWER_TIMEOUT = 120.0  # kubelet's runtime request timeout is 2 minutes
 
@@ -98,17 +99,13 @@ def follow(sock) -> int | None:
     spawned = False  # from then on the call cannot be handed back
     while True:
         try:
-            fields = wire.unpack(sock.recv(wire.LIMIT))
+            fields, fds = receive(sock)
         except OSError as err:
             return _lost(f"{err.strerror or err}", cleanup)
         tag = fields[0]
         if tag == wire.EXEC and len(fields) >= 2:
             sock.close()
-            try:
-                posix.execv(fields[1], fields[1:])
-            except OSError as err:
-                print(f"{TOOL}: error: {wire.decode(fields[1])}: {err.strerror}", file=sys.stderr)
-                return 127
+            return execute(fields[1:], fds)
         elif tag == wire.SPAWN and len(fields) >= 2:
             runtime = fields[1]
             try:
@@ -128,6 +125,33 @@ def follow(sock) -> int | None:
             return None
         else:
             return _lost("no answer" if fields == [b""] else "a malformed answer", cleanup)
+
+
+def receive(sock) -> tuple[list[bytes], list[int]]:
+    """One answer: its fields and the fds it carried (close-on-exec)."""
+    data, ancillary, _, _ = sock.recvmsg(wire.LIMIT, _FD_SPACE, _socket.MSG_CMSG_CLOEXEC)
+    fds = []
+    for level, kind, raw in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds += [int.from_bytes(raw[i : i + 4], sys.byteorder) for i in range(0, len(raw), 4)]
+    return wire.unpack(data), fds
+
+
+def execute(fields: list[bytes], fds: list[int]) -> int:
+    """Put ``fds`` at the numbers the answer names, then exec its runtime argv; 127 (one
+    line) when that cannot be done."""
+    try:
+        numbers, argv = wire.split_counted(fields)
+        if not argv or len(numbers) != len(fds) or not all(n.isdigit() for n in numbers):
+            raise ValueError("bad exec answer")
+        for fd, number in zip(fds, numbers, strict=True):
+            posix.dup2(fd, int(number))  # inheritable: runc opens /proc/self/fd/N
+        posix.execv(argv[0], argv)
+    except ValueError:
+        print(f"{TOOL}: error: nvshim-runtimed sent a malformed answer", file=sys.stderr)
+    except OSError as err:
+        print(f"{TOOL}: error: {wire.decode(argv[0])}: {err.strerror}", file=sys.stderr)
+    return 127
 
 
 def _run(argv: list[bytes]) -> int:

@@ -93,9 +93,11 @@ class Remote(LowLevel):
     def __init__(self, conn: socket.socket, last: Callable[[], None]) -> None:
         self.conn, self.last = conn, last
 
-    def exec(self, runtime: str, argv: list[str]) -> None:
+    def exec(self, runtime: str, argv: list[str], keep: list[int] = ()) -> None:
         self.last()
-        self.conn.sendall(wire.pack(wire.EXEC, *map(wire.encode, [runtime, *argv])))
+        numbers = wire.counted([str(fd).encode() for fd in keep])
+        packet = wire.pack(wire.EXEC, *numbers, *map(wire.encode, [runtime, *argv]))
+        socket.send_fds(self.conn, [packet], list(keep))  # the client puts them at these numbers
         return None
 
     def start(self, runtime: str, argv: list[str], cleanup: list[str]) -> None:

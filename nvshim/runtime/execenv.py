@@ -128,13 +128,14 @@ def _form(argv: list[str], flag) -> str:
     return argv[flag.start].lstrip("-").split("=", 1)[0]
 
 
-def rewrite_exec(args, argv: list[str]) -> list[str]:
-    """``argv`` of an ``exec`` call with the enforced variables added; unchanged (the
-    same list) for a container nvshim did not prepare."""
+def rewrite_exec(args, argv: list[str]) -> tuple[list[str], list[int]]:
+    """``argv`` of an ``exec`` call with the enforced variables added (unchanged, the
+    same list, for a container nvshim did not prepare), and the fds that argv names:
+    they must reach runc at those numbers."""
     labels = container_labels(runc_root(args.globals.get("root")), args.container_id or "")
     found = enforced_entries(labels) if labels is not None else None
     if found is None:
-        return argv
+        return argv, []
     entries, uuids = found
     process_flags = [f for f in args.flags if f.name == "process"]
     if process_flags:
@@ -144,9 +145,9 @@ def rewrite_exec(args, argv: list[str]) -> list[str]:
                 data = fh.read(MAX_PROCESS + 1)
             process = fastjson.loads(data) if len(data) <= MAX_PROCESS else None
         except (OSError, ValueError):
-            return argv  # runc reports the unreadable file itself
+            return argv, []  # runc reports the unreadable file itself
         if not isinstance(process, dict):
-            return argv
+            return argv, []
         env = process.get("env")
         env = [e for e in env if isinstance(e, str)] if isinstance(env, list) else []
         process["env"] = merge_env(env, exec_env(env, entries, uuids))
@@ -159,8 +160,8 @@ def rewrite_exec(args, argv: list[str]) -> list[str]:
                 out.append(f"-{_form(argv, process_flags[-1])}=/proc/self/fd/{fd}")
             elif i not in spans:
                 out.append(token)
-        return out
+        return out, [fd]
     given = [f for f in args.flags if f.name == "env"]
     form = _form(argv, given[-1]) if given else "env"
     added = [f"-{form}={e}" for e in exec_env(args.values("env"), entries, uuids)]
-    return [*argv[: args.flags_end], *added, *argv[args.flags_end :]]
+    return [*argv[: args.flags_end], *added, *argv[args.flags_end :]], []

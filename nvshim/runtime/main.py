@@ -45,7 +45,8 @@ class LowLevel:
     with, or started and waited for when a create has finishing steps. The daemon's
     stand-in (``nvshim.runtime.daemon``) has its client do both."""
 
-    def exec(self, runtime: str, argv: list[str]) -> int | None:
+    def exec(self, runtime: str, argv: list[str], keep: list[int] = ()) -> int | None:
+        """Exec ``runtime argv``; ``keep``: inheritable fds argv names (here already)."""
         os.execv(runtime, [runtime, *argv])
         return 127  # not reached
 
@@ -64,7 +65,7 @@ class LowLevel:
 def run(argv: list[str], lowlevel: LowLevel) -> int | None:
     """Do the call ``argv`` (runc's command line), starting the low-level runtime through
     ``lowlevel``; the exit status, or what ``lowlevel.exec`` returns."""
-    args = None
+    args, keep = None, []
     try:
         from nvshim.runtime.args import parse_runc_args
 
@@ -87,7 +88,7 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
             if args.action == "exec":
                 from nvshim.runtime.execenv import rewrite_exec
 
-                argv = rewrite_exec(args, argv)
+                argv, keep = rewrite_exec(args, argv)
             elif args.action == "version":
                 sys.stdout.write(f"{TOOL} version {__version__}\n")
                 sys.stdout.flush()
@@ -97,7 +98,7 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
         message = one_line(err)
         _report(args, message)
         return 1
-    return lowlevel.exec(runtime, argv)
+    return lowlevel.exec(runtime, argv, keep)
 
 
 def main(argv: list[str] | None = None) -> int | None:

@@ -6,7 +6,9 @@ imports this for every GPU create.
 
 client -> daemon  ``REQUEST`` protocol version nvshim-file argc program argv... env...
                   with SCM_RIGHTS: its stdin, stdout, stderr and working directory
-daemon -> client  ``EXEC`` runtime argv...: exec it (the call is the runtime's now)
+daemon -> client  ``EXEC`` n fd-numbers... runtime argv...: exec it (the call is the
+                  runtime's now), with SCM_RIGHTS: the n fds argv names, to be placed
+                  at those numbers first (a process file for ``exec``)
                   ``SPAWN`` runtime argc argv... cleanup...: run it, answer ``STATUS``
                   ``EXIT`` code: exit with it
                   ``DECLINE`` why: do the call in-process, as without a daemon

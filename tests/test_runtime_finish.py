@@ -1,7 +1,8 @@
 """``create`` through nvshim-runtime runs the finishing steps (symlinks, ld cache,
 params) itself, after runc created the container and before its process starts: one
 interpreter per GPU create, the container sees the same as with the hook, and a failed
-step deletes the container and fails the create."""
+step deletes the container and fails the create. Each case runs twice: in
+nvshim-runtime's own process, and served by nvshim-runtimed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from nvshim.launch import write_launchers
 from tests.conftest import write_config
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import RUNC_ENV, counting_interpreter, make_bundle, read_log
+from tests.runc_util import RUNC_ENV, counting_interpreter, make_bundle, read_log, start_daemon
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -43,6 +44,8 @@ class Creates:
         )  # fmt: skip
         self.root = str(tmp_path / "runc-root")
         self.ids: list[str] = []
+        self.daemon: subprocess.Popen | None = None
+        self.baseline = 0
 
     def call(self, *argv: str, runtime: str | None = None, **kw) -> subprocess.CompletedProcess:
         """``argv`` through nvshim-runtime (or ``runtime``)."""
@@ -89,18 +92,48 @@ class Creates:
         return self.output(cid)
 
     def python_starts(self) -> int:
+        """Interpreters started since ``__init__`` or ``serve`` (the daemon's excluded)."""
+        return self._starts() - self.baseline
+
+    def _starts(self) -> int:
         return len(self.starts.read_text().splitlines()) if self.starts.exists() else 0
+
+    def serve(self) -> None:
+        """Have ``nvshim-runtimed --verbose`` do the runtime's work from now on."""
+        self.daemon_log = self.tmp / "nvshim-runtimed.log"
+        self.daemon = start_daemon(self.bin_dir, self.env(), self.daemon_log, "--verbose")
+        self.baseline = self._starts()
+
+    def served(self) -> list[str]:
+        """The calls the daemon served (its ``--verbose`` lines), none without it."""
+        if self.daemon is None:
+            return []
+        lines = self.daemon_log.read_text().splitlines()
+        return [ln.split("served: ", 1)[1] for ln in lines if "served: " in ln]
 
     def cleanup(self) -> None:
         for cid in self.ids:
             self.call("delete", "--force", cid, runtime=RUNC, capture_output=True)
+        if self.daemon is not None:
+            self.daemon.terminate()
+            assert self.daemon.wait(timeout=60) == 0
 
 
-@pytest.fixture
-def creates(sim_hosts, tmp_path):
-    c = Creates(sim_hosts("single"), tmp_path)
+@pytest.fixture(params=["in-process", "daemon"])
+def creates(sim_hosts, tmp_path, request):
+    """Creates through nvshim-runtime alone, or served by nvshim-runtimed (on a cache dir
+    of its own)."""
+    cache = None
+    if request.param == "daemon":
+        cache = tmp_path / "cache"
+        cache.mkdir()
+    c = Creates(sim_hosts("single"), tmp_path, cache_dir=cache and str(cache))
+    if request.param == "daemon":
+        c.serve()
     yield c
     c.cleanup()
+    if request.param == "daemon":  # and every call went to the daemon
+        assert c.served() and all(s.endswith(" imports=0") for s in c.served())
 
 
 @pytest.mark.parametrize(

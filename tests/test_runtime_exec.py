@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.podman_util import in_podman_namespace, podman_command
-from tests.runc_util import RUNC_ENV, make_bundle
+from tests.runc_util import RUNC_ENV, make_bundle, start_daemon
 from tests.test_mps_enforce import GPU1, MIG_6_1, shared_host  # noqa: F401 - fixture
 
 SLEEP = ["/bin/busybox", "sleep", "120"]
@@ -80,11 +80,23 @@ class Containers:
             self.call("delete", "--force", cid, check=False)
 
 
-@pytest.fixture
-def containers(shared_host, tmp_path):  # noqa: F811 - the imported fixture
+@pytest.fixture(params=["in-process", "daemon"])
+def containers(shared_host, tmp_path, request):  # noqa: F811 - the imported fixture
+    """Containers through nvshim-runtime alone, or with nvshim-runtimed doing its work
+    (the same cache dir: stopped, and its socket gone, before the next test)."""
+    daemon = None
+    if request.param == "daemon":
+        env = {**RUNC_ENV, "NVSHIM_CONFIG": shared_host.config()}
+        log = tmp_path / "nvshim-runtimed.log"
+        daemon = start_daemon(shared_host.launchers, env, log, "--verbose")
     c = Containers(shared_host, tmp_path)
     yield c
     c.cleanup()
+    if daemon is not None:
+        daemon.terminate()
+        assert daemon.wait(timeout=60) == 0
+        served = [ln for ln in log.read_text().splitlines() if "served: " in ln]
+        assert any(" exec " in ln for ln in served) and "declined" not in log.read_text()
 
 
 @pytest.mark.parametrize("gpu, shared", [(GPU1, True), (MIG_6_1, False)])

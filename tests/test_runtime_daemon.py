@@ -413,3 +413,44 @@ def test_extra_workers_idle_past_the_idle_timeout_are_retired(creates):
         assert len(d.served()) == 1 and "failed" not in d.text()
     finally:
         assert d.stop() == 0
+
+
+def test_containerd_shim_calls_are_served(creates, tmp_path, monkeypatch):
+    """The k8s path: containerd's shim calls nvshim-runtime for a pod's sandbox and its
+    GPU container; with the daemon in containerd's mount namespace (here a private one,
+    on a node the host's) the GPU create is served and the container gets its GPU."""
+    from tests.cri_util import configure_containerd, cri_ready_config, cri_session, image_archive
+    from tests.engines.containerd_instance import private_containerd
+    from tests.engines.corpus_cases import CORPUS
+
+    image, pause = "nvshim.test/busybox:cri", "nvshim.test/pause:cri"
+    monkeypatch.setenv("NVSHIM_CONFIG", creates.config)  # containerd -> shim -> runtime
+    monkeypatch.setenv("NVSHIM_CACHE_DIR", creates.cache_dir)
+    rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+    os.symlink("busybox", os.path.join(rootfs, "bin", "sleep"))
+    archive = image_archive(rootfs, tmp_path / "image.tar", [image, pause])
+    config = tmp_path / "containerd.toml"
+    v16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
+    config.write_text(cri_ready_config(v16, tmp_path / "scratch", pause))
+    configure_containerd(config, creates.runtime)
+    logs = tmp_path / "pod-logs"
+    logs.mkdir()
+    log = tmp_path / "nvshim-runtimed.log"
+    with private_containerd(tmp_path, config) as ctd:
+        ns = ("nsenter", f"--mount=/proc/{ctd.pid}/ns/mnt")
+        daemon = start_daemon(creates.bin_dir, creates.env(), log, "--verbose", prefix=ns)
+        try:
+            assert ctd.ctr("-n", "k8s.io", "images", "import", archive).returncode == 0
+            with cri_session(ctd.socket, image) as cri:
+                pod = cri.run_pod("served", logs, "nvshim")
+                show = ["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]
+                result = cri.run_container(pod, "gpu", image, show, env=GPU)
+        finally:
+            daemon.terminate()
+            assert daemon.wait(timeout=60) == 0
+    assert result.exit_code == 0, result
+    assert f"CVD={creates.sim.topology['gpus'][0]['uuid']}" in result.lines
+    text = log.read_text()
+    served = [ln for ln in text.splitlines() if "served: " in ln]
+    assert "declined" not in text and all(ln.endswith(" imports=0") for ln in served)
+    assert any(" create " in ln and ln.split()[-2] == result.container_id for ln in served)

@@ -454,3 +454,17 @@ def test_containerd_shim_calls_are_served(creates, tmp_path, monkeypatch):
     served = [ln for ln in text.splitlines() if "served: " in ln]
     assert "declined" not in text and all(ln.endswith(" imports=0") for ln in served)
     assert any(" create " in ln and ln.split()[-2] == result.container_id for ln in served)
+
+
+def test_a_daemon_that_cannot_listen_says_why_in_one_line(creates, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    proc = subprocess.run(
+        [os.path.join(creates.bin_dir, "nvshim-runtimed")],
+        env={**creates.env(), "NVSHIM_CACHE_DIR": str(blocker / "cache")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr == (f"nvshim-runtimed: error: {blocker}/cache/runtime.sock: cannot "
+                           "listen: Not a directory\n")  # fmt: skip
+    assert blocker.read_text() == "not a directory\n"

@@ -241,12 +241,12 @@ def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
     """A non-blocking socket bound at ``path`` (replaced atomically), mode 0600: the
     listener and the identity of the socket file, to remove it at exit only if it is
     still ours."""
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     staging = f"{path}.{os.getpid()}"
-    if os.path.lexists(staging):
-        os.unlink(staging)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        if os.path.lexists(staging):
+            os.unlink(staging)
         listener.bind(staging)
         os.chmod(staging, 0o600)
         listener.listen(1024)

@@ -414,3 +414,11 @@ def start_daemon(
             raise RuntimeError(f"nvshim-runtimed did not start: {open(log).read()}")
         time.sleep(0.02)
     return proc
+
+
+def daemon_calls(log: str | os.PathLike, kind: str = "served") -> list[str]:
+    """What ``nvshim-runtimed`` logged in ``log`` for each call it ``served`` (with
+    ``--verbose``: the call, then ``imports=N``) or ``declined`` (the reason)."""
+    marker = f"{kind}: "
+    with open(log) as fh:
+        return [ln.rstrip("\n").split(marker, 1)[1] for ln in fh if marker in ln]

@@ -22,7 +22,7 @@ import pytest
 from nvshim import __version__
 from nvshim.runtime import wire
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import make_bundle, read_log, start_daemon
+from tests.runc_util import daemon_calls, make_bundle, read_log, start_daemon
 from tests.test_runtime_finish import CONF, LIBDIR, RUNC, Creates
 
 GPU = {"NVIDIA_VISIBLE_DEVICES": "0"}
@@ -42,12 +42,10 @@ class Daemon:
 
     def served(self) -> list[str]:
         """The calls it served, as its log names them (``imports=N`` last)."""
-        return [ln.split("served: ", 1)[1] for ln in self.text().splitlines() if "served: " in ln]
+        return daemon_calls(self.err)
 
     def declined(self) -> list[str]:
-        return [
-            ln.split("declined: ", 1)[1] for ln in self.text().splitlines() if "declined:" in ln
-        ]
+        return daemon_calls(self.err, "declined")
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -450,9 +448,8 @@ def test_containerd_shim_calls_are_served(creates, tmp_path, monkeypatch):
             assert daemon.wait(timeout=60) == 0
     assert result.exit_code == 0, result
     assert f"CVD={creates.sim.topology['gpus'][0]['uuid']}" in result.lines
-    text = log.read_text()
-    served = [ln for ln in text.splitlines() if "served: " in ln]
-    assert "declined" not in text and all(ln.endswith(" imports=0") for ln in served)
+    served = daemon_calls(log)
+    assert daemon_calls(log, "declined") == [] and all(s.endswith(" imports=0") for s in served)
     assert any(" create " in ln and ln.split()[-2] == result.container_id for ln in served)
 
 

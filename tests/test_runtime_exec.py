@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.podman_util import in_podman_namespace, podman_command
-from tests.runc_util import RUNC_ENV, make_bundle, start_daemon
+from tests.runc_util import RUNC_ENV, daemon_calls, make_bundle, start_daemon
 from tests.test_mps_enforce import GPU1, MIG_6_1, shared_host  # noqa: F401 - fixture
 
 SLEEP = ["/bin/busybox", "sleep", "120"]
@@ -95,8 +95,8 @@ def containers(shared_host, tmp_path, request):  # noqa: F811 - the imported fix
     if daemon is not None:
         daemon.terminate()
         assert daemon.wait(timeout=60) == 0
-        served = [ln for ln in log.read_text().splitlines() if "served: " in ln]
-        assert any(" exec " in ln for ln in served) and "declined" not in log.read_text()
+        assert any(" exec " in f" {s}" for s in daemon_calls(log))
+        assert daemon_calls(log, "declined") == []
 
 
 @pytest.mark.parametrize("gpu, shared", [(GPU1, True), (MIG_6_1, False)])

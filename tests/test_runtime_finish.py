@@ -17,7 +17,14 @@ import pytest
 from nvshim.launch import write_launchers
 from tests.conftest import write_config
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import RUNC_ENV, counting_interpreter, make_bundle, read_log, start_daemon
+from tests.runc_util import (
+    RUNC_ENV,
+    counting_interpreter,
+    daemon_calls,
+    make_bundle,
+    read_log,
+    start_daemon,
+)
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -108,8 +115,7 @@ class Creates:
         """The calls the daemon served (its ``--verbose`` lines), none without it."""
         if self.daemon is None:
             return []
-        lines = self.daemon_log.read_text().splitlines()
-        return [ln.split("served: ", 1)[1] for ln in lines if "served: " in ln]
+        return daemon_calls(self.daemon_log)
 
     def cleanup(self) -> None:
         for cid in self.ids:

@@ -92,6 +92,7 @@ class Remote(LowLevel):
 
     def __init__(self, conn: socket.socket, last: Callable[[], None]) -> None:
         self.conn, self.last = conn, last
+        self.waited = 0.0  # seconds the client's low-level runtime ran
 
     def exec(self, runtime: str, argv: list[str], keep: list[int] = ()) -> None:
         self.last()
@@ -101,6 +102,7 @@ class Remote(LowLevel):
         return None
 
     def start(self, runtime: str, argv: list[str], cleanup: list[str]) -> None:
+        self.started = time.monotonic()
         args = wire.counted([wire.encode(a) for a in argv])
         self.conn.sendall(wire.pack(wire.SPAWN, wire.encode(runtime), *args,
                                     *map(wire.encode, cleanup)))  # fmt: skip
@@ -110,6 +112,7 @@ class Remote(LowLevel):
             fields = wire.unpack(self.conn.recv(wire.LIMIT))
         except OSError:
             fields = []
+        self.waited = time.monotonic() - self.started
         if len(fields) != 2 or fields[0] != wire.STATUS or not fields[1].isdigit():
             raise NvshimError("nvshim-runtime went away while the low-level runtime ran")
         return int(fields[1])
@@ -189,7 +192,7 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
     """Serve the one call on ``conn`` with the client's stdio, working directory and
     environment (the caller puts the worker's back). ``log_fd``: the daemon's stderr,
     for declines, and with ``verbose`` one line per call."""
-    modules = set(sys.modules)
+    modules, began = set(sys.modules), time.monotonic()
     packet, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
     if not packet:  # connected and went: a probe (nvshim doctor)
         return
@@ -219,10 +222,13 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
     def served() -> None:  # before the last answer: once the client has it, it is done
         if verbose:
             late = sorted(set(sys.modules) - modules)  # preload() missed these: each costs
-            line = f"served: {' '.join(argv[1:])[:2000]} imports={len(late)} {' '.join(late)}"
-            _say(log_fd, line.rstrip())
+            ms = (time.monotonic() - began - remote.waited) * 1000
+            took = f"{ms:.1f} ms (+ {remote.waited * 1000:.1f} ms in the runtime)"
+            call = " ".join(argv[1:])[:2000]
+            _say(log_fd, f"{took} served: {call} imports={len(late)} {' '.join(late)}".rstrip())
 
-    code = run(argv[1:], Remote(conn, served))
+    remote = Remote(conn, served)
+    code = run(argv[1:], remote)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

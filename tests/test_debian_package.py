@@ -17,7 +17,7 @@ import pytest
 from nvshim.runtime import DAEMON_SOCKET
 from tests.conftest import REPO, write_config
 from tests.debroot import bundle_dir, cached, debian_root_tar, unpack
-from tests.runc_util import make_bundle
+from tests.runc_util import daemon_calls, make_bundle
 from tests.test_runtime import SHOW, gpu_nodes
 
 PREFIX = "/usr/lib/nvshim"
@@ -273,8 +273,7 @@ def test_install_use_upgrade_remove_purge(package, sim_hosts, tmp_path):
         f"--bundle /ctr/c2 nvshim-deb-d{os.getpid()} </dev/null; "
         "kill $daemon; wait $daemon"
     )
-    with open(root + "/ctr/runtimed.log") as fh:
-        served = [x for x in fh.read().splitlines() if x.startswith("nvshim-runtimed: served: ")]
+    served = daemon_calls(root + "/ctr/runtimed.log")
     assert len(served) == 1 and " run --no-pivot " in served[0], served
     assert f"CVD={uuid}" in out.stdout.splitlines(), out.stdout
     assert not os.path.exists(root + SOCKET)

@@ -169,19 +169,20 @@ class Saved:
         os.umask(self.umask)
 
     def restore(self) -> None:
-        for n, fd in enumerate(self.stdio):
-            os.dup2(fd, n)
-        os.fchdir(self.cwd)
-        os.environb.clear()
-        os.environb.update(self.environ)
+        _become(self.stdio, self.cwd, self.environ, self.argv)
         os.umask(self.umask)
-        sys.argv = list(self.argv)
-        _fresh_streams()
 
 
-def _fresh_streams() -> None:
-    """New ``sys.stdout``/``sys.stderr`` on fds 1 and 2: nothing buffered for one call
-    can reach another's."""
+def _become(stdio: list[int], cwd: int, environ: dict[bytes, bytes], argv: list[str]) -> None:
+    """Take on a process's stdio (fds 0-2), working directory, environment and argv: the
+    client's for its call, the worker's own after it. ``sys.stdout``/``sys.stderr`` are
+    new, so nothing buffered for one call can reach another's."""
+    for n, fd in enumerate(stdio):
+        os.dup2(fd, n)
+    os.fchdir(cwd)
+    os.environb.clear()
+    os.environb.update(environ)
+    sys.argv = list(argv)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace")
     sys.stderr = io.TextIOWrapper(
         io.FileIO(2, "w", closefd=False), errors="backslashreplace", write_through=True
@@ -209,15 +210,9 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
         _say(log_fd, f"declined: {why}")  # the client does the call itself: slower, say so
         conn.sendall(wire.pack(wire.DECLINE, wire.encode(why)))
         return
-    for n in range(3):
-        os.dup2(fds[n], n)
-    os.fchdir(fds[3])
+    _become(fds[:3], fds[3], environ, argv)  # argv[0]: the runtime lookup skips it
     for fd in fds:
         os.close(fd)
-    os.environb.clear()
-    os.environb.update(environ)
-    sys.argv = argv  # the runtime lookup skips the client's own program
-    _fresh_streams()
 
     def served() -> None:  # before the last answer: once the client has it, it is done
         if verbose:

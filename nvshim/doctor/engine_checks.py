@@ -160,9 +160,8 @@ def runtime_daemon(ctx: Context):
             f"{path}: {state}; nvshim-runtime does each GPU create in-process (slower)",
             "systemctl enable --now nvshim-runtimed (or run nvshim-runtimed as root)",
         )
-    import socket
-    import struct
+    from nvshim.trusted import peer_credentials
 
-    pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    pid, _, _ = peer_credentials(sock)
     sock.close()
     return ok("runtime-daemon", f"nvshim-runtimed (pid {pid}) answers at {path}")

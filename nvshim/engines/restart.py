@@ -12,11 +12,11 @@ import shutil
 import signal
 import socket
 import stat
-import struct
 import subprocess
 
 from nvshim.engines.settings import Settings
 from nvshim.errors import NvshimError
+from nvshim.trusted import peer_credentials
 
 # What each engine does with SIGHUP.
 ON_SIGHUP = {
@@ -43,8 +43,7 @@ def socket_owner(path: str) -> tuple[int, int, int]:
             conn.connect(path)
         except OSError as err:
             raise NvshimError(f"{path}: cannot connect: {err.strerror}") from None
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
+        pid, uid, gid = peer_credentials(conn)
     if pid <= 0:
         raise NvshimError(f"{path}: the kernel reported no peer process")
     return pid, uid, gid

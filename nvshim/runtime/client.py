@@ -23,7 +23,7 @@ import sys
 from nvshim import __file__ as NVSHIM_FILE
 from nvshim import __version__
 from nvshim.runtime import DAEMON_SOCKET, exit_status, wire
-from nvshim.trusted import CACHE_DIR
+from nvshim.trusted import CACHE_DIR, peer_credentials
 
 TOOL = "nvshim-runtime"
 _FD_SPACE = _socket.CMSG_SPACE(4 * 8)  # ancillary room: up to 8 fds in one answer
@@ -52,8 +52,7 @@ def connect(path: str):
     try:
         sock.settimeout(CONNECT_TIMEOUT)
         sock.connect(path)
-        cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
-        if int.from_bytes(cred[4:8], sys.byteorder) != posix.geteuid():
+        if peer_credentials(sock)[1] != posix.geteuid():
             raise OSError("the daemon runs as another user")
         sock.settimeout(ANSWER_TIMEOUT)
     except OSError:

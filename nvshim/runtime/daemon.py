@@ -30,7 +30,6 @@ import pkgutil
 import select
 import signal
 import socket
-import struct
 import sys
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from nvshim.errors import NvshimError, one_line
 from nvshim.record import record
 from nvshim.runtime import DAEMON_SOCKET, wire
 from nvshim.runtime.main import LowLevel, run
-from nvshim.trusted import CACHE_DIR, cache_dir_for
+from nvshim.trusted import CACHE_DIR, cache_dir_for, peer_credentials
 
 TOOL = "nvshim-runtimed"
 # What calls through nvshim-runtime may import; the CLI, installer, doctor and exporter
@@ -128,7 +127,7 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 def decline_reason(conn: socket.socket) -> str | None:
     """Why the peer of ``conn`` must do its call itself, or None."""
-    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    pid, uid, _ = peer_credentials(conn)
     if uid != os.geteuid():
         return f"uid {uid}"
     for ns in NAMESPACES:

@@ -167,12 +167,10 @@ def _lost(why: str, cleanup: list[bytes]) -> int:
     """The daemon went away mid-call: delete what was created, fail with one line."""
     message = f"{TOOL}: error: nvshim-runtimed stopped answering ({why})"
     if cleanup:
+        from nvshim.runtime.finish import spawn_quiet  # rare: the imports are affordable
+
         try:
-            devnull = posix.open("/dev/null", posix.O_WRONLY | posix.O_CLOEXEC)
-            actions = [(posix.POSIX_SPAWN_DUP2, devnull, 1), (posix.POSIX_SPAWN_DUP2, devnull, 2)]
-            pid = posix.posix_spawn(cleanup[0], cleanup, posix.environ, file_actions=actions)
-            posix.waitpid(pid, 0)
-            posix.close(devnull)
+            spawn_quiet(cleanup[0], cleanup[1:])
         except OSError:
             pass
         message += "; the container it had created was deleted"

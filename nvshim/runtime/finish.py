@@ -67,6 +67,15 @@ def spawn(
     return wait(start(runtime, argv, stdout, stderr))
 
 
+def spawn_quiet(runtime: str, argv: list[str]) -> int:
+    """Run the low-level runtime with ``argv``, its output thrown away; its exit status."""
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        return spawn(runtime, argv, stdout=null, stderr=null)
+    finally:
+        os.close(null)
+
+
 def container_pid(runtime: str, args: RuncArgs, argv: list[str]) -> int:
     """The created container's init pid: from ``--pid-file`` (every engine passes one,
     runc has written it), else from ``runc state``."""
@@ -130,11 +139,7 @@ def create_and_finish(
         from nvshim.log import log_decision
 
         message = one_line(err)
-        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            spawn(runtime, delete, stdout=null, stderr=null)
-        finally:
-            os.close(null)
+        spawn_quiet(runtime, delete)
         error = NvshimError(f"finishing steps failed, container deleted: {message}")
         log_decision(
             prepared.config,

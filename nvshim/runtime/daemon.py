@@ -259,7 +259,7 @@ def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
     return listener, (st.st_dev, st.st_ino)
 
 
-def worker(listener: socket.socket, control: int, status: int, verbose: bool) -> None:
+def worker_loop(listener: socket.socket, control: int, status: int, verbose: bool) -> None:
     """Serve calls until the parent closes ``control`` (or dies), ``RECYCLE`` calls
     were served or one failed unexpectedly; report busy/idle on ``status``."""
     saved = Saved()
@@ -290,14 +290,22 @@ def worker(listener: socket.socket, control: int, status: int, verbose: bool) ->
             os.write(status, me + IDLE)
 
 
+@record
+class Worker:
+    """The parent's view of one worker."""
+
+    control: int | None  # the pipe whose closing retires it; None once retired
+    busy_since: float | None = None  # a call's start, None while idle
+    idle_since: float = 0.0
+
+
 class Pool:
-    """The parent's view of its workers: pid -> (control fd, busy since or None,
-    idle since)."""
+    """The parent's view of its workers, by pid."""
 
     def __init__(self, listener: socket.socket, verbose: bool, limits: Limits) -> None:
         self.listener, self.verbose, self.limits = listener, verbose, limits
         self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
-        self.workers: dict[int, list] = {}
+        self.workers: dict[int, Worker] = {}
 
     def spawn(self) -> None:
         control_r, control_w = os.pipe2(os.O_CLOEXEC)
@@ -311,24 +319,25 @@ class Pool:
                     signal.signal(sig, signal.SIG_DFL)
                 signal.set_wakeup_fd(-1)
                 os.close(self.status_r)
-                for fd, *_ in self.workers.values():
-                    os.close(fd)
+                for other in self.workers.values():
+                    if other.control is not None:
+                        os.close(other.control)
                 os.close(control_w)
-                worker(self.listener, control_r, self.status_w, self.verbose)
+                worker_loop(self.listener, control_r, self.status_w, self.verbose)
             except BaseException as err:  # noqa: BLE001 - reported, the parent replaces it
                 code = 1
                 _say(2, f"worker failed: {one_line(err)}")
             finally:
                 os._exit(code)
         os.close(control_r)
-        self.workers[pid] = [control_w, None, time.monotonic()]
+        self.workers[pid] = Worker(control_w, idle_since=time.monotonic())
 
     def retire(self, pid: int) -> None:
         """Ask worker ``pid`` to stop once idle (it finishes a call it has)."""
-        entry = self.workers.get(pid)
-        if entry and entry[0] >= 0:
-            os.close(entry[0])
-            entry[0] = -1
+        worker = self.workers.get(pid)
+        if worker is not None and worker.control is not None:
+            os.close(worker.control)
+            worker.control = None
 
     def read_status(self) -> None:
         try:
@@ -338,10 +347,13 @@ class Pool:
         now = time.monotonic()
         for i in range(0, len(data) - 4, 5):
             pid = int.from_bytes(data[i : i + 4], sys.byteorder)
-            entry = self.workers.get(pid)
-            if entry is not None:
-                busy = data[i + 4 : i + 5] == BUSY
-                entry[1], entry[2] = (now, entry[2]) if busy else (None, now)
+            worker = self.workers.get(pid)
+            if worker is None:
+                continue
+            if data[i + 4 : i + 5] == BUSY:
+                worker.busy_since = now
+            else:
+                worker.busy_since, worker.idle_since = None, now
 
     def reap(self) -> None:
         while True:
@@ -351,24 +363,24 @@ class Pool:
                 return
             if pid == 0:
                 return
-            entry = self.workers.pop(pid, None)
-            if entry and entry[0] >= 0:
-                os.close(entry[0])
+            self.retire(pid)  # closes its control pipe
+            self.workers.pop(pid, None)
 
     def tend(self) -> None:
         """Keep the pool the right size; kill calls stuck past the watchdog."""
         now, limits = time.monotonic(), self.limits
-        live = {p: e for p, e in self.workers.items() if e[0] >= 0}
-        for pid, (_, busy, _) in live.items():
+        live = {p: w for p, w in self.workers.items() if w.control is not None}
+        for pid, worker in live.items():
+            busy = worker.busy_since
             if busy is not None and now - busy > limits.call_timeout:
                 _say(2, f"worker {pid}: a call busy for {limits.call_timeout:g} s, killed")
                 os.kill(pid, signal.SIGKILL)
-        idle = [p for p, e in live.items() if e[1] is None]
+        idle = [p for p, w in live.items() if w.busy_since is None]
         if len(live) < limits.workers or (not idle and len(self.workers) < limits.max_workers):
             self.spawn()
         elif len(live) > limits.workers:
             for pid in idle[: len(live) - limits.workers]:
-                if now - live[pid][2] > limits.idle_timeout:
+                if now - live[pid].idle_since > limits.idle_timeout:
                     self.retire(pid)
 
     def stop(self) -> None:

@@ -335,6 +335,13 @@ def test_doctor_reports_the_daemon(creates):
     workers = _workers(d.proc.pid)
     assert doctor() == ("ok", f"nvshim-runtimed (pid {d.proc.pid}) answers at {socket_path}")
     assert set(workers) <= set(_workers(d.proc.pid)) and "failed" not in d.text()
+    (slots,) = [n for n in os.listdir(creates.cache_dir) if n.startswith("runtimed.")]
+    slots = os.path.join(creates.cache_dir, slots)
+    os.rename(slots, f"{slots}.away")
+    assert doctor() == ("warn", f"nvshim-runtimed (pid {d.proc.pid}) answers at "
+                        f"{socket_path} but keeps no slots at {slots}: each GPU create "
+                        "starts an interpreter")  # fmt: skip
+    os.rename(f"{slots}.away", slots)
     d.proc.kill()
     d.proc.wait()
     status, reason = doctor()

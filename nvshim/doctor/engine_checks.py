@@ -164,4 +164,15 @@ def runtime_daemon(ctx: Context):
 
     pid, _, _ = peer_credentials(sock)
     sock.close()
+    import nvshim
+    from nvshim.runtime.slots import slots_name
+
+    slots = os.path.join(CACHE_DIR, slots_name(nvshim.__version__, nvshim.__file__))
+    if not os.path.isdir(slots):
+        return warn(
+            "runtime-daemon",
+            f"nvshim-runtimed (pid {pid}) answers at {path} but keeps no slots at {slots}: "
+            "each GPU create starts an interpreter",
+            "see its log (journalctl -u nvshim-runtimed): a kernel before 5.6, or another nvshim",
+        )
     return ok("runtime-daemon", f"nvshim-runtimed (pid {pid}) answers at {path}")

@@ -43,6 +43,20 @@ def main() -> int:
     return in_process(argv)
 
 
+def abandoned() -> int:
+    """The sh front's call that nvshim-runtimed lost after the low-level runtime created
+    the container (``sys.argv``: the front, that runtime, the call): delete it, fail."""
+    runtime, argv = sys.argv[1], sys.argv[2:]
+    from nvshim.runtime.args import parse_runc_args
+    from nvshim.runtime.finish import delete_argv
+
+    try:
+        cleanup = [runtime, *delete_argv(argv, parse_runc_args(argv))]
+    except Exception:  # noqa: BLE001 - the front sent it after runc accepted it
+        cleanup = []
+    return _lost("no answer", [wire.encode(a) for a in cleanup])
+
+
 def connect(path: str):
     """A connection to the daemon at ``path`` run by this user, or None."""
     try:

@@ -37,9 +37,20 @@ from collections.abc import Callable
 import nvshim
 from nvshim import __version__
 from nvshim.errors import NvshimError, one_line
-from nvshim.record import record
+from nvshim.record import field, record
 from nvshim.runtime import DAEMON_SOCKET, wire
+from nvshim.runtime import slots as slots_protocol
 from nvshim.runtime.main import LowLevel, run
+from nvshim.runtime.slots import (
+    SLOTS,
+    Caller,
+    Declined,
+    SlotRemote,
+    Slots,
+    alive,
+    pidfd_getfd,
+    slots_name,
+)
 from nvshim.trusted import CACHE_DIR, cache_dir_for, peer_credentials
 
 TOOL = "nvshim-runtimed"
@@ -67,7 +78,10 @@ class Limits:
     call_timeout: float = 300.0  # a call busy this long is killed (kubelet gives up at 120 s)
 
 
-BUSY, IDLE = b"b", b"i"  # worker -> parent, after its pid: 5-byte records on one pipe
+# worker -> parent, one pipe: 6-byte records, its pid, one of these, a slot (NO_SLOT)
+BUSY, IDLE, FREE, HELD = b"b", b"i", b"f", b"h"  # FREE/HELD: done with the slot, idle
+NO_SLOT = 255
+DISPATCH = 12  # parent -> worker, its control pipe: slot, pid, nargs (uint32 each)
 
 
 def preload() -> list[str]:
@@ -87,10 +101,12 @@ def preload() -> list[str]:
 
 class Remote(LowLevel):
     """The low-level runtime run by the client on the other end of ``conn``; ``last``
-    is called before the answer that ends the call."""
+    is called before the answer that ends the call (``nvshim.runtime.slots.SlotRemote``:
+    the same for a front that talks through a slot)."""
 
-    def __init__(self, conn: socket.socket, last: Callable[[], None]) -> None:
-        self.conn, self.last = conn, last
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.last: Callable[[], None] = lambda: None
         self.waited = 0.0  # seconds the client's low-level runtime ran
 
     def exec(self, runtime: str, argv: list[str], keep: list[int] = ()) -> None:
@@ -116,6 +132,9 @@ class Remote(LowLevel):
             raise NvshimError("nvshim-runtime went away while the low-level runtime ran")
         return int(fields[1])
 
+    def exit(self, code: int) -> None:
+        self.conn.sendall(wire.pack(wire.EXIT, str(code).encode()))
+
 
 def _identity(path: str) -> tuple[int, int] | None:
     try:
@@ -128,6 +147,24 @@ def _identity(path: str) -> tuple[int, int] | None:
 def decline_reason(conn: socket.socket) -> str | None:
     """Why the peer of ``conn`` must do its call itself, or None."""
     pid, uid, _ = peer_credentials(conn)
+    return caller_decline_reason(pid, uid)
+
+
+def effective_uid(pid: int) -> int | None:
+    """The effective uid of process ``pid`` (``/proc/PID/status``), None if unknown."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def caller_decline_reason(pid: int, uid: int | None = None) -> str | None:
+    """Why process ``pid`` (of ``uid``, else read) must do its call itself, or None."""
+    uid = effective_uid(pid) if uid is None else uid
     if uid != os.geteuid():
         return f"uid {uid}"
     for ns in NAMESPACES:
@@ -209,9 +246,49 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
         _say(log_fd, f"declined: {why}")  # the client does the call itself: slower, say so
         conn.sendall(wire.pack(wire.DECLINE, wire.encode(why)))
         return
+    _serve(argv, environ, fds, Remote(conn), log_fd, verbose, (modules, began))
+
+
+def handle_slot(
+    slots: Slots, k: int, pid: int, nargs: int, log_fd: int, verbose: bool = False
+) -> bytes:
+    """Serve the call of slot ``k``'s front ``pid`` (``nvshim.runtime.slots``) as
+    ``handle`` does; ``FREE`` when the front said it is done, else ``HELD``."""
+    modules, began = set(sys.modules), time.monotonic()
+    remote = SlotRemote(slots, k)
+    try:
+        caller = Caller(slots, k, pid, nargs, caller_decline_reason)
+    except Declined as err:
+        _say(log_fd, f"declined: {err}")
+        slots.say(k, slots_protocol.DECLINED)
+        if not alive(pid):  # gone while its request waited
+            return FREE
+        return FREE if remote.hear(slots_protocol.DONE_WAIT) == slots_protocol.DONE else HELD
+    try:
+        environ = caller.environ
+        environ.setdefault(b"NVSHIM_CACHE_DIR", os.fsencode(CACHE_DIR))  # as the front's $c
+        if cache_dir_for(environ) != CACHE_DIR:
+            _say(log_fd, "declined: another cache directory")
+            slots.say(k, slots_protocol.DECLINED)
+        else:
+            slots.say(k, slots_protocol.ACCEPTED)
+            remote.pidfd, remote.argv = caller.pidfd, caller.argv[1:]
+            fds, caller.fds = caller.fds, []
+            _serve(caller.argv, environ, fds, remote, log_fd, verbose, (modules, began))
+        done = remote.hear(slots_protocol.DONE_WAIT) == slots_protocol.DONE
+    finally:
+        caller.close()
+    return FREE if done else HELD
+
+
+def _serve(argv, environ, fds, remote, log_fd: int, verbose: bool, start) -> None:
+    """The call ``argv`` (program first) with the caller's ``environ`` and ``fds``
+    (stdin, stdout, stderr, working directory; closed here), answered through ``remote``.
+    ``start``: the modules loaded and the time when the call came, for the log line."""
     _become(fds[:3], fds[3], environ, argv)  # argv[0]: the runtime lookup skips it
     for fd in fds:
         os.close(fd)
+    modules, began = start
 
     def served() -> None:  # before the last answer: once the client has it, it is done
         if verbose:
@@ -221,7 +298,7 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
             call = " ".join(argv[1:])[:2000]
             _say(log_fd, f"{took} served: {call} imports={len(late)} {' '.join(late)}".rstrip())
 
-    remote = Remote(conn, served)
+    remote.last = served
     code = run(argv[1:], remote)
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -230,7 +307,7 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
             code = code or 1
     if code is not None:
         served()
-        conn.sendall(wire.pack(wire.EXIT, str(code).encode()))
+        remote.exit(code)
 
 
 def _say(fd: int, line: str) -> None:
@@ -259,9 +336,12 @@ def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
     return listener, (st.st_dev, st.st_ino)
 
 
-def worker_loop(listener: socket.socket, control: int, status: int, verbose: bool) -> None:
-    """Serve calls until the parent closes ``control`` (or dies), ``RECYCLE`` calls
-    were served or one failed unexpectedly; report busy/idle on ``status``."""
+def worker_loop(
+    listener: socket.socket, control: int, status: int, verbose: bool, slots: Slots | None
+) -> None:
+    """Serve calls (socket connections it accepts, slots the parent hands it on
+    ``control``) until the parent closes ``control`` (or dies), ``RECYCLE`` calls were
+    served or one failed unexpectedly; report busy/idle on ``status``."""
     saved = Saved()
     log_fd = saved.stdio[2]
     me = os.getpid().to_bytes(4, sys.byteorder)
@@ -269,25 +349,34 @@ def worker_loop(listener: socket.socket, control: int, status: int, verbose: boo
     poller.register(listener.fileno(), select.POLLIN)
     poller.register(control, select.POLLIN)
     for _ in range(RECYCLE):
-        while True:
+        conn = slot = None
+        while conn is None and slot is None:
             events = dict(poller.poll())
             if control in events:
-                return
+                data = os.read(control, DISPATCH)
+                if len(data) != DISPATCH or slots is None:
+                    return
+                slot = [int.from_bytes(data[i : i + 4], sys.byteorder) for i in (0, 4, 8)]
+                break
             try:
                 conn, _ = listener.accept()
-                break
             except BlockingIOError:
                 continue  # another worker took it
-        os.write(status, me + BUSY)
+        k = slot[0] if slot else NO_SLOT
+        os.write(status, me + BUSY + bytes([k]))
+        end = IDLE
         try:
-            with conn:
-                handle(conn, log_fd, verbose)
+            if conn is not None:
+                with conn:
+                    handle(conn, log_fd, verbose)
+            else:
+                end = handle_slot(slots, *slot, log_fd, verbose)
         except Exception as err:  # noqa: BLE001 - this worker's state is unknown: retire it
             _say(log_fd, f"call failed, worker retired: {one_line(err)}")
-            return
+            return  # the parent answers a slot's front when it reaps this worker
         finally:
             saved.restore()
-            os.write(status, me + IDLE)
+        os.write(status, me + end + bytes([k]))
 
 
 @record
@@ -297,15 +386,32 @@ class Worker:
     control: int | None  # the pipe whose closing retires it; None once retired
     busy_since: float | None = None  # a call's start, None while idle
     idle_since: float = 0.0
+    slots: set[int] = field(default_factory=set)  # handed to it, not done
+
+
+@record
+class Flight:
+    """A slot whose front made a request, until the slot is free again."""
+
+    pid: int  # the front's
+    nargs: int = 0  # its arguments: the last of its command line
+    worker: int | None = None  # the one serving it
+    held: bool = False  # answered: free once ``pid`` has exited (unknown: after a while)
+    since: float = field(default_factory=time.monotonic)
 
 
 class Pool:
-    """The parent's view of its workers, by pid."""
+    """The parent's view of its workers, by pid, and of the slots in flight."""
 
-    def __init__(self, listener: socket.socket, verbose: bool, limits: Limits) -> None:
-        self.listener, self.verbose, self.limits = listener, verbose, limits
+    def __init__(
+        self, listener: socket.socket, verbose: bool, limits: Limits, slots: Slots | None = None
+    ) -> None:
+        self.listener, self.verbose, self.limits, self.slots = listener, verbose, limits, slots
         self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
         self.workers: dict[int, Worker] = {}
+        self.flights: dict[int, Flight] = {}  # by slot
+        self.pending: list[int] = []  # slots waiting for a worker
+        self.swept = 0.0
 
     def spawn(self) -> None:
         control_r, control_w = os.pipe2(os.O_CLOEXEC)
@@ -323,7 +429,7 @@ class Pool:
                     if other.control is not None:
                         os.close(other.control)
                 os.close(control_w)
-                worker_loop(self.listener, control_r, self.status_w, self.verbose)
+                worker_loop(self.listener, control_r, self.status_w, self.verbose, self.slots)
             except BaseException as err:  # noqa: BLE001 - reported, the parent replaces it
                 code = 1
                 _say(2, f"worker failed: {one_line(err)}")
@@ -341,19 +447,80 @@ class Pool:
 
     def read_status(self) -> None:
         try:
-            data = os.read(self.status_r, 5 * 512)  # whole records
+            data = os.read(self.status_r, 6 * 512)  # whole records
         except BlockingIOError:
             return
         now = time.monotonic()
-        for i in range(0, len(data) - 4, 5):
+        for i in range(0, len(data) - 5, 6):
             pid = int.from_bytes(data[i : i + 4], sys.byteorder)
+            tag, k = data[i + 4 : i + 5], data[i + 5]
             worker = self.workers.get(pid)
             if worker is None:
                 continue
-            if data[i + 4 : i + 5] == BUSY:
+            if tag == BUSY:
                 worker.busy_since = now
-            else:
-                worker.busy_since, worker.idle_since = None, now
+                continue
+            worker.busy_since, worker.idle_since = None, now
+            if tag in (FREE, HELD) and k in worker.slots:
+                worker.slots.discard(k)
+                self.flights[k].worker = None
+                if tag == FREE:
+                    self.free(k)
+                else:
+                    self.flights[k].held = True
+
+    def free(self, k: int) -> None:
+        self.slots.release(k)
+        self.flights.pop(k, None)
+
+    def waiting(self) -> list[int]:
+        """The slots whose ``K.u`` the parent watches for a request: those not in flight."""
+        if self.slots is None:
+            return []
+        return [k for k in range(SLOTS) if k not in self.flights]
+
+    def requested(self, k: int) -> None:
+        """Slot ``k``'s ``K.u`` is readable: a front's request, queued for a worker."""
+        request = self.slots.request(k)
+        if request is None:  # not one of this protocol's: the front (if any) starts Python
+            claim = self.slots.claim(k)
+            self.slots.say(k, slots_protocol.DECLINED)
+            self.flights[k] = Flight(claim[0] if claim and claim[0] else 0, held=True)
+            return
+        self.flights[k] = Flight(*request)
+        self.pending.append(k)
+
+    def dispatch(self) -> None:
+        """Hand queued slots to idle workers (``tend`` adds workers when none is)."""
+        while self.pending:
+            idle = [p for p, w in self.workers.items()
+                    if w.control is not None and w.busy_since is None and not w.slots]  # fmt: skip
+            if not idle:
+                return
+            k = self.pending.pop(0)
+            flight, worker = self.flights[k], self.workers[idle[0]]
+            fields = (k, flight.pid, flight.nargs)
+            record = b"".join(n.to_bytes(4, sys.byteorder) for n in fields)
+            os.write(worker.control, record)
+            worker.slots.add(k)
+            worker.busy_since, flight.worker = time.monotonic(), idle[0]
+
+    def sweep(self) -> None:
+        """Free held slots whose front exited and claims a front left without asking."""
+        now = time.monotonic()
+        if self.slots is None or now - self.swept < 1.0:
+            return
+        self.swept = now
+        for k in range(SLOTS):
+            flight = self.flights.get(k)
+            if flight is not None:
+                if flight.held and not alive(flight.pid):
+                    if flight.pid or now - flight.since > slots_protocol.STALE_CLAIM:
+                        self.free(k)
+                continue
+            claim = self.slots.claim(k)
+            if claim is not None and claim[1] > slots_protocol.STALE_CLAIM and not alive(claim[0]):
+                self.slots.release(k)
 
     def reap(self) -> None:
         while True:
@@ -364,7 +531,10 @@ class Pool:
             if pid == 0:
                 return
             self.retire(pid)  # closes its control pipe
-            self.workers.pop(pid, None)
+            worker = self.workers.pop(pid, None)
+            for k in worker.slots if worker else ():  # killed, or failed: answer its fronts
+                self.slots.say(k, slots_protocol.LOST)  # (before "a": they start Python)
+                self.flights[k].worker, self.flights[k].held = None, True
 
     def tend(self) -> None:
         """Keep the pool the right size; kill calls stuck past the watchdog."""
@@ -375,7 +545,7 @@ class Pool:
             if busy is not None and now - busy > limits.call_timeout:
                 _say(2, f"worker {pid}: a call busy for {limits.call_timeout:g} s, killed")
                 os.kill(pid, signal.SIGKILL)
-        idle = [p for p, w in live.items() if w.busy_since is None]
+        idle = [p for p, w in live.items() if w.busy_since is None and not w.slots]
         if len(live) < limits.workers or (not idle and len(self.workers) < limits.max_workers):
             self.spawn()
         elif len(live) > limits.workers:
@@ -411,37 +581,43 @@ def _notify_ready() -> None:
 
 
 def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> None:
-    """Listen at ``path`` and serve calls with a pool of workers until SIGTERM."""
+    """Listen at ``path`` and on the slots (``nvshim.runtime.slots``) and serve calls
+    with a pool of workers until SIGTERM."""
     limits = limits or Limits()
     failed = preload()
     for name in failed:
         _say(2, f"not preloaded: {name}")
     listener, identity = listen(path)
-    pool = Pool(listener, verbose, limits)
+    slots = make_slots()
+    pool = Pool(listener, verbose, limits, slots)
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     os.set_blocking(pool.status_r, False)
     signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through wake_w
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes poll through wake_w
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     gc.freeze()  # the workers share the imported modules' pages instead of copying them
+    ups = {} if slots is None else {slots.fds[k][1]: k for k in range(SLOTS)}
     try:
         for _ in range(limits.workers):
             pool.spawn()
-        _say(2, f"listening on {path} (nvshim {__version__})")
+        where = path if slots is None else f"{path} and {slots.path}"
+        _say(2, f"listening on {where} (nvshim {__version__})")
         _notify_ready()
         while True:
-            ready, _, _ = select.select([pool.status_r, wake_r], [], [], 1.0)
-            if wake_r in ready:
-                while True:
-                    try:
-                        if not os.read(wake_r, 512):
-                            break
-                    except BlockingIOError:
-                        break
+            poller = select.poll()
+            for fd in (pool.status_r, wake_r, *(slots.fds[k][1] for k in pool.waiting())):
+                poller.register(fd, select.POLLIN)
+            for fd, _ in poller.poll(1000):
+                if fd == wake_r:
+                    _drain(wake_r)
+                elif fd in ups and ups[fd] not in pool.flights:
+                    pool.requested(ups[fd])
             pool.read_status()
             pool.reap()
             pool.tend()
+            pool.dispatch()
+            pool.sweep()
     finally:
         try:
             st = os.stat(path)
@@ -449,8 +625,33 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
                 os.unlink(path)
         except OSError:
             pass
+        if slots is not None:
+            slots.remove()
         pool.stop()
         listener.close()
+
+
+def make_slots() -> Slots | None:
+    """This daemon's slots, or None (said why) where the kernel cannot hand a caller's
+    stdio over (``pidfd_getfd``, Linux 5.6): fronts then start Python."""
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+        try:
+            os.close(pidfd_getfd(pidfd, 2))
+        finally:
+            os.close(pidfd)
+    except OSError as err:
+        _say(2, f"no slots, every GPU create starts Python: pidfd_getfd: {err.strerror}")
+        return None
+    return Slots(os.path.join(CACHE_DIR, slots_name(__version__, nvshim.__file__)))
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -112,12 +112,17 @@ def container_pid(runtime: str, args: RuncArgs, argv: list[str]) -> int:
     return int(text)
 
 
+def delete_argv(argv: list[str], args: RuncArgs) -> list[str]:
+    """The low-level runtime's argv that deletes the container ``argv`` creates."""
+    return [*argv[: args.command_index], "delete", "--force", args.container_id]
+
+
 def create_and_finish(
     runtime: str, argv: list[str], args: RuncArgs, prepared: Prepared, lowlevel: LowLevel
 ) -> int:
     """``runtime create`` through ``lowlevel``, then the deferred finishing steps; returns
     the exit status. A failed step deletes the container and raises NvshimError (logged)."""
-    delete = [*argv[: args.command_index], "delete", "--force", args.container_id]
+    delete = delete_argv(argv, args)
     lowlevel.start(runtime, argv, delete)
     from nvshim.hook.steps import Context, prepare_steps, run_steps
 

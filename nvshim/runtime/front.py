@@ -29,6 +29,16 @@ from __future__ import annotations
 from nvshim import __version__
 from nvshim.runtime import DEFAULT_CONFIG, FRONT_CACHE, MARKER_DIR
 from nvshim.runtime.args import BOOL, COMMAND_FLAGS, GLOBAL_FLAGS, VALUE
+from nvshim.runtime.slots import (
+    ACCEPTED,
+    DECLINED,
+    DONE,
+    EXEC,
+    EXIT,
+    REPLY_FD,
+    SLOTS,
+    SPAWN,
+)
 from nvshim.trusted import DEFAULT_CACHE_DIR
 
 
@@ -61,10 +71,66 @@ def _create_cases() -> str:
     return "\n        ".join(arms)
 
 
-def front_text(interpreter: str, code: str, cache_dir: str | None = None) -> str:
+def _served(interpreter: str, slots_name: str, lost_code: str) -> str:
+    """The sh functions that have nvshim-runtimed serve a call through a slot
+    (``nvshim.runtime.slots``, which describes the exchange)."""
+    lost = f'exec {sh_quote(interpreter)} -IS -c {sh_quote(lost_code)} "$0" "$r" "$@"'
+    return f"""# srv ARGS: the call served by nvshim-runtimed through one of its slots
+# (nvshim.runtime.slots) when it runs and fds 4 to 7 are free; returns when the daemon
+# did not take the call (nothing was done): then Python does it
+srv() {{
+  d=$c/{slots_name}
+  [ -p "$d/0.r" ] && [ -d "/proc/$$/fd" ] || return 0
+  for i in 4 5 6 7; do [ -e "/proc/$$/fd/$i" ] && return 0; done
+  set -C
+  i=0 k=$(($$ % {SLOTS}))
+  until {{ printf '%s\\n' "$$" >"$d/$k.c"; }} 2>/dev/null; do
+    i=$((i + 1))
+    [ "$i" -lt {SLOTS} ] || {{ set +C; return 0; }}
+    k=$(((k + 1) % {SLOTS}))
+  done
+  set +C
+  {{ talk "$@" 2>&7 7>&-; }} 7>&2 2>/dev/null 4<>"$d/$k.r" {REPLY_FD}<"$d/$k.r" 4>&- 6<>"$d/$k.u"
+}}
+talk() {{
+  printf '%s %s\\n' "$$" "$#" >&6
+  IFS= read -r a <&{REPLY_FD} || return 0
+  [ "$a" = {ACCEPTED} ] || {{ [ "$a" = {DECLINED} ] && echo {DONE} >&6; return 0; }}
+  r=
+  while IFS= read -r a <&{REPLY_FD}; do
+    case $a in
+    "{EXEC} "/*) echo {DONE} >&6; exec "${{a#{EXEC} }}" "$@" {REPLY_FD}<&- 6>&- ;;
+    "{SPAWN} "/*) r=${{a#{SPAWN} }}; "$r" "$@" {REPLY_FD}<&- 6>&-; echo "$?" >&6 ;;
+    "{EXIT} "[0-9]*) echo {DONE} >&6; exit "${{a#{EXIT} }}" ;;
+    *) break ;;
+    esac
+  done
+  # the daemon lost the call it had taken: it fails; Python deletes what runc created
+  [ -z "$r" ] || {lost} {REPLY_FD}<&- 6>&-
+  echo 'nvshim-runtime: error: nvshim-runtimed stopped answering' >&2
+  exit 1
+}}
+"""
+
+
+def front_text(
+    interpreter: str,
+    code: str,
+    cache_dir: str | None = None,
+    slots_name: str | None = None,
+    lost_code: str = "",
+) -> str:
     """The script: ``interpreter -IS -c code $0 ARGS`` for what Python must see.
-    ``cache_dir``: the default for ``NVSHIM_CACHE_DIR`` (nvshim's own when None)."""
+    ``cache_dir``: the default for ``NVSHIM_CACHE_DIR`` (nvshim's own when None).
+    ``slots_name``: where in the cache directory nvshim-runtimed keeps its slots for
+    a create or run that may ask for a GPU (``nvshim.runtime.slots``), and
+    ``lost_code``: the Python that deletes a container the daemon lost after its create
+    (``interpreter -IS -c lost_code $0 RUNTIME ARGS``); without them such calls go to
+    Python."""
     default = cache_dir or DEFAULT_CACHE_DIR
+    served = _served(interpreter, slots_name, lost_code) if slots_name else ""
+    ask = 'srv "$@"; py "$@"' if slots_name else 'py "$@"'
+
     g_bool = _names(GLOBAL_FLAGS, BOOL, ("help", "h", "version", "v"))
     g_value = _names(GLOBAL_FLAGS, VALUE)
     e_bool = _names(COMMAND_FLAGS["exec"], BOOL, ("help", "h"))
@@ -77,7 +143,7 @@ def front_text(interpreter: str, code: str, cache_dir: str | None = None) -> str
 py() {{ exec {sh_quote(interpreter)} -IS -c {sh_quote(code)} "$0" "$@"; }}
 nl='
 '
-# gpu FILE: true unless FILE is a regular file in which grep finds none of the words
+{served}# gpu FILE: true unless FILE is a regular file in which grep finds none of the words
 # ($t, one a line) that could make nvshim edit it (nvshim.policy.request_triggers)
 gpu() {{
   [ -f "$1" ] || return 0
@@ -189,7 +255,7 @@ if [ -e "$cfg" ]; then
 else
   [ "$l3" = missing ] || py "$@"
 fi
-[ -n "$j" ] && gpu "$j" && py "$@"
+[ -n "$j" ] && gpu "$j" && {{ {ask}; }}
 [ -z "$h" ] && [ "$v" ] && printf '%s\\n' {sh_quote(f"nvshim-runtime version {__version__}")}
 exec "$rt" "$@"
 """

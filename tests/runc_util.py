@@ -416,6 +416,13 @@ def start_daemon(
     return proc
 
 
+def served_by(log: str | os.PathLike) -> list[str]:
+    """How ``nvshim-runtimed --verbose`` got each call it served: ``socket`` (the
+    client) or ``slot K`` (the sh front itself)."""
+    with open(log) as fh:
+        return [ln.split(" by ", 1)[1].split(" served: ")[0] for ln in fh if " served: " in ln]
+
+
 def daemon_calls(log: str | os.PathLike, kind: str = "served") -> list[str]:
     """What ``nvshim-runtimed`` logged in ``log`` for each call it ``served`` (with
     ``--verbose``: the call, then ``imports=N``) or ``declined`` (the reason)."""

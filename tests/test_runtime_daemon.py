@@ -22,7 +22,7 @@ import pytest
 from nvshim import __version__
 from nvshim.runtime import wire
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import daemon_calls, make_bundle, read_log, start_daemon
+from tests.runc_util import daemon_calls, make_bundle, read_log, served_by, start_daemon
 from tests.test_runtime_finish import CONF, LIBDIR, RUNC, Creates
 
 GPU = {"NVIDIA_VISIBLE_DEVICES": "0"}
@@ -457,7 +457,11 @@ def test_containerd_shim_calls_are_served(creates, tmp_path, monkeypatch):
     assert f"CVD={creates.sim.topology['gpus'][0]['uuid']}" in result.lines
     served = daemon_calls(log)
     assert daemon_calls(log, "declined") == [] and all(s.endswith(" imports=0") for s in served)
-    assert any(" create " in ln and ln.split()[-2] == result.container_id for ln in served)
+    (create,) = [n for n, ln in enumerate(served) if " create " in ln
+                 and ln.split()[-2] == result.container_id]  # fmt: skip
+    # the sandbox's create warmed the front's cache: the shim's GPU create came through a
+    # slot, with no interpreter
+    assert served_by(log)[create].startswith("slot "), served_by(log)
 
 
 def test_a_daemon_that_cannot_listen_says_why_in_one_line(creates, tmp_path):

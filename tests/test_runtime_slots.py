@@ -18,14 +18,18 @@ import pytest
 from nvshim import __version__
 from nvshim.runtime.slots import SLOTS, Slots, slots_name
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import make_bundle
+from tests.runc_util import make_bundle, served_by
 from tests.test_runtime_daemon import GPU, Daemon, _wait_for, _workers, creates  # noqa: F401
 from tests.test_runtime_finish import CONF, LIBDIR
 
 
 def warm(c) -> None:
     """One call through Python, which writes the front's cache: from then on the front
-    decides alone (``nvshim.runtime.passthrough``). Interpreters are counted from here."""
+    decides alone (``nvshim.runtime.passthrough``). Interpreters are counted from here.
+    The configuration is made a minute old first, as on a node: busybox's ``test -nt``
+    compares whole seconds, so a cache written in the config's second would miss."""
+    old = time.time() - 60
+    os.utime(c.config, (old, old))
     assert c.call("--version", capture_output=True).returncode == 0
     c.baseline = c._starts()
 
@@ -75,6 +79,7 @@ def test_a_warm_gpu_create_starts_no_interpreter(creates, daemon):  # noqa: F811
     assert creates.python_starts() == 0
     (served,) = daemon.served()
     assert " create --pid-file" in f" {served}" and served.endswith(f"{cid} imports=0"), served
+    assert served_by(daemon.err)[0].startswith("slot ")
     state = creates.state(cid)
     inside = f"/proc/{state['pid']}/root"
     assert os.readlink(f"{inside}{LIBDIR}/libcuda.so.1").startswith("libcuda.so.")
@@ -111,6 +116,7 @@ def test_concurrent_creates_each_get_a_slot(creates, daemon):  # noqa: F811
         assert proc.wait(timeout=120) == 0, creates.output(cid)
         assert creates.state(cid)["status"] == "created"
     assert creates.python_starts() == 0 and len(daemon.served()) == 5
+    assert len({how for how in served_by(daemon.err)}) == 5  # five slots
     _wait_for(lambda: claims(creates) == [], "a slot was not freed")
 
 
@@ -125,7 +131,7 @@ def test_busy_fds_send_the_call_to_python(creates, daemon):  # noqa: F811
             env=creates.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60,
         )  # fmt: skip
     assert proc.returncode == 0, creates.output(cid)
-    assert creates.python_starts() == 1 and len(daemon.served()) == 1
+    assert creates.python_starts() == 1 and served_by(daemon.err) == ["socket"]
 
 
 def test_a_caller_in_another_mount_namespace_is_declined_twice_then_done_in_process(
@@ -308,3 +314,18 @@ def test_sigterm_removes_the_slots_and_a_new_daemon_makes_fresh_ones(creates):  
         assert stat.S_ISFIFO(os.stat(os.path.join(slot_dir(creates), "0.r")).st_mode)
     finally:
         assert d.stop() == 0
+
+
+@pytest.mark.parametrize("shell", [["dash"], ["bash", "--posix"], ["busybox", "sh"]])
+def test_every_posix_sh_talks_to_the_slots(creates, daemon, shell):  # noqa: F811
+    """The front's exchange works under the shells /bin/sh is on nodes (Debian's dash,
+    bash elsewhere, busybox's ash; tests/setup.sh installs busybox)."""
+    bundle, cid = bundle_for(creates, "shell")
+    with open(creates.tmp / f"{cid}.out", "w") as out:
+        proc = subprocess.run(
+            [*shell, creates.runtime, "--root", creates.root, "create", "--bundle", bundle, cid],
+            env=creates.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 0, creates.output(cid)
+    assert creates.python_starts() == 0 and len(daemon.served()) == 1
+    assert creates.state(cid)["status"] == "created"

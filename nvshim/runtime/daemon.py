@@ -15,6 +15,11 @@ Workers are recycled after ``RECYCLE`` calls and after any call that failed
 unexpectedly. A worker serves calls one after another because a forked child would
 pay copy-on-write faults for every page Python touches (~3 ms a call).
 
+The sh front itself hands it a create or run that may ask for a GPU, through a slot
+(``nvshim.runtime.slots``: a claim file and two FIFOs, no interpreter): the parent reads
+the slot's request and hands the slot to an idle worker on its control pipe; the worker
+takes the caller on from ``/proc`` and answers in lines, with the same code path.
+
 A request is declined (the client does the call in-process) unless it comes from this
 user, in this process's mount, pid and user namespaces and root, from the same nvshim
 (version and files) with the same cache directory.
@@ -246,7 +251,7 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
         _say(log_fd, f"declined: {why}")  # the client does the call itself: slower, say so
         conn.sendall(wire.pack(wire.DECLINE, wire.encode(why)))
         return
-    _serve(argv, environ, fds, Remote(conn), log_fd, verbose, (modules, began))
+    _serve(argv, environ, fds, Remote(conn), log_fd, verbose, (modules, began, "socket"))
 
 
 def handle_slot(
@@ -274,7 +279,8 @@ def handle_slot(
             slots.say(k, slots_protocol.ACCEPTED)
             remote.pidfd, remote.argv = caller.pidfd, caller.argv[1:]
             fds, caller.fds = caller.fds, []
-            _serve(caller.argv, environ, fds, remote, log_fd, verbose, (modules, began))
+            start = (modules, began, f"slot {k}")
+            _serve(caller.argv, environ, fds, remote, log_fd, verbose, start)
         done = remote.hear(slots_protocol.DONE_WAIT) == slots_protocol.DONE
     finally:
         caller.close()
@@ -284,17 +290,18 @@ def handle_slot(
 def _serve(argv, environ, fds, remote, log_fd: int, verbose: bool, start) -> None:
     """The call ``argv`` (program first) with the caller's ``environ`` and ``fds``
     (stdin, stdout, stderr, working directory; closed here), answered through ``remote``.
-    ``start``: the modules loaded and the time when the call came, for the log line."""
+    ``start``: the modules loaded, the time when the call came and how (socket, slot K),
+    for the log line."""
     _become(fds[:3], fds[3], environ, argv)  # argv[0]: the runtime lookup skips it
     for fd in fds:
         os.close(fd)
-    modules, began = start
+    modules, began, how = start
 
     def served() -> None:  # before the last answer: once the client has it, it is done
         if verbose:
             late = sorted(set(sys.modules) - modules)  # preload() missed these: each costs
             ms = (time.monotonic() - began - remote.waited) * 1000
-            took = f"{ms:.1f} ms (+ {remote.waited * 1000:.1f} ms in the runtime)"
+            took = f"{ms:.1f} ms (+ {remote.waited * 1000:.1f} ms in the runtime) by {how}"
             call = " ".join(argv[1:])[:2000]
             _say(log_fd, f"{took} served: {call} imports={len(late)} {' '.join(late)}".rstrip())
 
@@ -604,10 +611,16 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
         where = path if slots is None else f"{path} and {slots.path}"
         _say(2, f"listening on {where} (nvshim {__version__})")
         _notify_ready()
+        poller, watched = select.poll(), set()
+        for fd in (pool.status_r, wake_r):
+            poller.register(fd, select.POLLIN)
         while True:
-            poller = select.poll()
-            for fd in (pool.status_r, wake_r, *(slots.fds[k][1] for k in pool.waiting())):
+            wanted = {slots.fds[k][1] for k in pool.waiting()} if slots else set()
+            for fd in watched - wanted:
+                poller.unregister(fd)
+            for fd in wanted - watched:
                 poller.register(fd, select.POLLIN)
+            watched = wanted
             for fd, _ in poller.poll(1000):
                 if fd == wake_r:
                     _drain(wake_r)

@@ -6,13 +6,15 @@ every container; starting Python for each costs more than runc itself. The front
 the global flags (runc's table, from ``nvshim.runtime.args``) up to the command and:
 
 - ``create``/``run``: reads the command's own flags as runc does to find the bundle and
-  the container id, then starts Python (which edits the bundle) unless ``config.json``
-  is a regular file in which ``grep -F`` finds none of the words that could make nvshim
-  edit it (``nvshim.policy.request_triggers``: ``NVIDIA_``, ``CUDA_VERSION``, the
-  configured CDI kind, JSON escapes...). A spec that cannot ask for a GPU is left
-  byte-identical by Python anyway, so it goes to the low-level runtime directly; so does
-  a help request. An exec marker left for the id (a container nvshim prepared once)
-  sends it to Python, which drops the marker;
+  the container id, then has nvshim edit the bundle unless ``config.json`` is a regular
+  file in which ``grep -F`` finds none of the words that could make nvshim edit it
+  (``nvshim.policy.request_triggers``: ``NVIDIA_``, ``CUDA_VERSION``, the configured CDI
+  kind, JSON escapes...). A spec that cannot ask for a GPU is left byte-identical by
+  Python anyway, so it goes to the low-level runtime directly; so does a help request.
+  One that may ask for a GPU goes to ``nvshim-runtimed`` through a slot
+  (``nvshim.runtime.slots``: no interpreter at all), else to Python. An exec marker left
+  for the id (a container nvshim prepared once) sends it to Python, which drops the
+  marker;
 - ``exec``: starts Python only when the container id has a marker (nvshim prepared it);
 - anything else: execs the low-level runtime named in nvshim's cache (written by Python,
   ``nvshim.runtime.passthrough``, with the trigger words of the configuration); on a
@@ -143,20 +145,6 @@ def front_text(
 py() {{ exec {sh_quote(interpreter)} -IS -c {sh_quote(code)} "$0" "$@"; }}
 nl='
 '
-{served}# gpu FILE: true unless FILE is a regular file in which grep finds none of the words
-# ($t, one a line) that could make nvshim edit it (nvshim.policy.request_triggers)
-gpu() {{
-  [ -f "$1" ] || return 0
-  for g in /usr/bin/grep /bin/grep ''; do [ -n "$g" ] && [ -f "$g" ] && [ -x "$g" ] && break; done
-  [ -n "$g" ] || return 0
-  j=$1
-  set -f; IFS=$nl; set -- $t; unset IFS; set +f
-  [ "$#" -gt 0 ] || return 0
-  k=$#
-  while [ "$k" -gt 0 ]; do set -- "$@" -e "$1"; shift; k=$((k - 1)); done
-  GREP_OPTIONS= LC_ALL=C "$g" -F -q "$@" -- "$j" </dev/null >/dev/null 2>&1
-  [ "$?" -ne 1 ]
-}}
 c=${{NVSHIM_CACHE_DIR:-{sh_quote(default)}}}
 case $c in /*) ;; *) c={sh_quote(default)} ;; esac
 s=g h= v= cmd= id= n=0 j=
@@ -255,7 +243,25 @@ if [ -e "$cfg" ]; then
 else
   [ "$l3" = missing ] || py "$@"
 fi
-[ -n "$j" ] && gpu "$j" && {{ {ask}; }}
-[ -z "$h" ] && [ "$v" ] && printf '%s\\n' {sh_quote(f"nvshim-runtime version {__version__}")}
+[ -n "$j" ] || {{
+  [ -z "$h" ] && [ "$v" ] && printf '%s\\n' {sh_quote(f"nvshim-runtime version {__version__}")}
+  exec "$rt" "$@"
+}}
+# a create or run from here on: the shell never reads this for other calls
+# gpu FILE: true unless FILE is a regular file in which grep finds none of the words
+# ($t, one a line) that could make nvshim edit it (nvshim.policy.request_triggers)
+gpu() {{
+  [ -f "$1" ] || return 0
+  for g in /usr/bin/grep /bin/grep ''; do [ -n "$g" ] && [ -f "$g" ] && [ -x "$g" ] && break; done
+  [ -n "$g" ] || return 0
+  j=$1
+  set -f; IFS=$nl; set -- $t; unset IFS; set +f
+  [ "$#" -gt 0 ] || return 0
+  k=$#
+  while [ "$k" -gt 0 ]; do set -- "$@" -e "$1"; shift; k=$((k - 1)); done
+  GREP_OPTIONS= LC_ALL=C "$g" -F -q "$@" -- "$j" </dev/null >/dev/null 2>&1
+  [ "$?" -ne 1 ]
+}}
+{served}gpu "$j" && {{ {ask}; }}
 exec "$rt" "$@"
 """

@@ -40,7 +40,7 @@ import time
 from nvshim.errors import NvshimError
 from nvshim.runtime.main import LowLevel
 
-SLOTS = 64
+SLOTS = 128
 REPLY_FD = 5  # where the front holds K.r while it talks (checked by the worker)
 ACCEPTED, DECLINED, LOST, EXEC, SPAWN, EXIT, DONE = "a", "f", "l", "x", "s", "e", "d"
 STALE_CLAIM = 10.0  # seconds a claim may wait for its request before its pid is checked

@@ -1,6 +1,7 @@
 """``nvshim-runtimed``: a resident process that does ``nvshim-runtime``'s Python work with
-every module already imported, so a GPU create costs one interpreter start and a few
-milliseconds instead of the start plus ~16 ms of imports (``bench/engine_start.py``).
+every module already imported, so a GPU create costs a few milliseconds and no
+interpreter start (through a slot; through the client one start) instead of a start
+plus ~16 ms of imports (``bench/engine_start.py``).
 
 It listens on ``<cache dir>/runtime.sock`` (mode 0600). Worker processes forked from
 the warm parent accept the calls; for each, a worker takes on the client's stdio,

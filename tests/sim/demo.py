@@ -1,7 +1,7 @@
 """The quick-start demo: build the simulated 8 x H100 host, show what nvshim discovers,
 write and validate the CDI spec, and (when podman is installed) run a container that
 gets GPU 0 through it; then the same request through nvshim-runtime and runc, in
-nvshim-runtime's own process and served by nvshim-runtimed.
+nvshim-runtime's own process and served by nvshim-runtimed (through a slot: no interpreter).
 
 Usage: ``python3 -m tests.sim.demo [--host NAME] [--dir DIR]`` (root: the host needs mknod).
 """
@@ -33,10 +33,15 @@ def nvshim(*args: str) -> None:
 def served_run(work: str, bin_dir: str, config: str, rootfs: str) -> int:
     """The same container once more, with nvshim-runtimed (its own cache directory under
     ``work``) doing nvshim-runtime's work."""
-    from tests.runc_util import make_bundle, runc_run, start_daemon
+    from tests.runc_util import RUNC_ENV, make_bundle, runc_run, start_daemon
 
     step("the same through nvshim-runtimed: nvshim-runtime's resident half does the work")
     env = {"NVSHIM_CONFIG": config, "NVSHIM_CACHE_DIR": os.path.join(work, "cache")}
+    runtime = os.path.join(bin_dir, "nvshim-runtime")
+    # one call through Python writes the sh front's cache; from then on the front alone
+    # decides, and hands a GPU create to the daemon through a slot: no interpreter
+    subprocess.run([runtime, "--version"], env={**RUNC_ENV, **env}, check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
     log = os.path.join(work, "nvshim-runtimed.log")
     print(f"$ NVSHIM_CACHE_DIR={env['NVSHIM_CACHE_DIR']} nvshim-runtimed --verbose &")
     daemon = start_daemon(bin_dir, {"PATH": os.environ.get("PATH", ""), **env}, log, "--verbose")
@@ -49,8 +54,7 @@ def served_run(work: str, bin_dir: str, config: str, rootfs: str) -> int:
             name="served",
             capabilities=PRIVILEGED,
         )
-        proc = runc_run(bundle, "nvshim-demo-served",
-                        runtime=os.path.join(bin_dir, "nvshim-runtime"), env=env)  # fmt: skip
+        proc = runc_run(bundle, "nvshim-demo-served", runtime=runtime, env=env)
         print(proc.stdout + proc.stderr)
     finally:
         daemon.terminate()

@@ -9,6 +9,16 @@ from __future__ import annotations
 import os
 
 
+def file_identity(path: str | int) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path`` (or of an open fd), None when it cannot be
+    stat'ed: whether two names, or a name now and earlier, are the same file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _temp_file(directory: str, name: str) -> tuple[int, str]:
     """A new file beside the target (``O_EXCL``, mode 0600), as ``(fd, path)``."""
     for _ in range(100):

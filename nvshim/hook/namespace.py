@@ -16,7 +16,7 @@ from __future__ import annotations
 import _thread
 import os
 
-from nvshim.errors import NvshimError
+from nvshim.errors import NvshimError, one_line
 from nvshim.hook import kernel
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
@@ -70,10 +70,8 @@ def in_mount_ns(pid: int, fn: Callable[..., Any], *args: Any) -> Any:
             kernel.setns(ns_fd, kernel.CLONE_NEWNS)
             os.chdir("/")
             outcome["result"] = fn(*args)
-        except NvshimError as err:
-            outcome["error"] = str(err)
         except BaseException as err:  # noqa: BLE001 - one line for the caller
-            outcome["error"] = f"{type(err).__name__}: {err}"
+            outcome["error"] = one_line(err)
         finally:
             done.release()  # the thread ends here: its namespace goes with it
 

@@ -43,12 +43,18 @@ from collections.abc import Callable
 import nvshim
 from nvshim import __version__
 from nvshim.errors import NvshimError, one_line
+from nvshim.fsutil import file_identity
 from nvshim.record import field, record
 from nvshim.runtime import DAEMON_SOCKET, wire
-from nvshim.runtime import slots as slots_protocol
 from nvshim.runtime.main import LowLevel, run
 from nvshim.runtime.slots import (
+    ACCEPTED,
+    DECLINED,
+    DONE,
+    DONE_WAIT,
+    LOST,
     SLOTS,
+    STALE_CLAIM,
     Caller,
     Declined,
     SlotRemote,
@@ -142,14 +148,6 @@ class Remote(LowLevel):
         self.conn.sendall(wire.pack(wire.EXIT, str(code).encode()))
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def decline_reason(conn: socket.socket) -> str | None:
     """Why the peer of ``conn`` must do its call itself, or None."""
     pid, uid, _ = peer_credentials(conn)
@@ -174,9 +172,9 @@ def caller_decline_reason(pid: int, uid: int | None = None) -> str | None:
     if uid != os.geteuid():
         return f"uid {uid}"
     for ns in NAMESPACES:
-        if _identity(f"/proc/{pid}/ns/{ns}") != _identity(f"/proc/self/ns/{ns}"):
+        if file_identity(f"/proc/{pid}/ns/{ns}") != file_identity(f"/proc/self/ns/{ns}"):
             return f"another {ns} namespace"
-    if _identity(f"/proc/{pid}/root") != _identity("/"):
+    if file_identity(f"/proc/{pid}/root") != file_identity("/"):
         return "another root"
     return None
 
@@ -261,31 +259,29 @@ def handle_slot(
     """Serve the call of slot ``k``'s front ``pid`` (``nvshim.runtime.slots``) as
     ``handle`` does; ``FREE`` when the front said it is done, else ``HELD``."""
     modules, began = set(sys.modules), time.monotonic()
-    remote = SlotRemote(slots, k)
+    remote, caller = SlotRemote(slots, k), None
     try:
-        caller = Caller(slots, k, pid, nargs, caller_decline_reason)
-    except Declined as err:
-        _say(log_fd, f"declined: {err}")
-        slots.say(k, slots_protocol.DECLINED)
-        if not alive(pid):  # gone while its request waited
-            return FREE
-        return FREE if remote.hear(slots_protocol.DONE_WAIT) == slots_protocol.DONE else HELD
-    try:
-        environ = caller.environ
-        environ.setdefault(b"NVSHIM_CACHE_DIR", os.fsencode(CACHE_DIR))  # as the front's $c
-        if cache_dir_for(environ) != CACHE_DIR:
-            _say(log_fd, "declined: another cache directory")
-            slots.say(k, slots_protocol.DECLINED)
+        try:
+            caller = Caller(slots, k, pid, nargs, caller_decline_reason)
+            environ = caller.environ
+            environ.setdefault(b"NVSHIM_CACHE_DIR", os.fsencode(CACHE_DIR))  # as the front's $c
+            if cache_dir_for(environ) != CACHE_DIR:
+                raise Declined("another cache directory")
+        except Declined as err:
+            _say(log_fd, f"declined: {err}")
+            slots.say(k, DECLINED)
+            if not alive(pid):  # gone while its request waited
+                return FREE
         else:
-            slots.say(k, slots_protocol.ACCEPTED)
+            slots.say(k, ACCEPTED)
             remote.pidfd, remote.argv = caller.pidfd, caller.argv[1:]
             fds, caller.fds = caller.fds, []
             start = (modules, began, f"slot {k}")
             _serve(caller.argv, environ, fds, remote, log_fd, verbose, start)
-        done = remote.hear(slots_protocol.DONE_WAIT) == slots_protocol.DONE
+        return FREE if remote.hear(DONE_WAIT) == DONE else HELD
     finally:
-        caller.close()
-    return FREE if done else HELD
+        if caller is not None:
+            caller.close()
 
 
 def _serve(argv, environ, fds, remote, log_fd: int, verbose: bool, start) -> None:
@@ -336,12 +332,12 @@ def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
         os.chmod(staging, 0o600)
         listener.listen(1024)
         listener.setblocking(False)  # workers poll, then race to accept
-        st = os.stat(staging)
+        identity = file_identity(staging)
         os.rename(staging, path)
     except OSError as err:
         listener.close()
         raise NvshimError(f"{path}: cannot listen: {err.strerror}") from None
-    return listener, (st.st_dev, st.st_ino)
+    return listener, identity
 
 
 def worker_loop(
@@ -492,7 +488,7 @@ class Pool:
         request = self.slots.request(k)
         if request is None:  # not one of this protocol's: the front (if any) starts Python
             claim = self.slots.claim(k)
-            self.slots.say(k, slots_protocol.DECLINED)
+            self.slots.say(k, DECLINED)
             self.flights[k] = Flight(claim[0] if claim and claim[0] else 0, held=True)
             return
         self.flights[k] = Flight(*request)
@@ -523,11 +519,11 @@ class Pool:
             flight = self.flights.get(k)
             if flight is not None:
                 if flight.held and not alive(flight.pid):
-                    if flight.pid or now - flight.since > slots_protocol.STALE_CLAIM:
+                    if flight.pid or now - flight.since > STALE_CLAIM:
                         self.free(k)
                 continue
             claim = self.slots.claim(k)
-            if claim is not None and claim[1] > slots_protocol.STALE_CLAIM and not alive(claim[0]):
+            if claim is not None and claim[1] > STALE_CLAIM and not alive(claim[0]):
                 self.slots.release(k)
 
     def reap(self) -> None:
@@ -541,7 +537,7 @@ class Pool:
             self.retire(pid)  # closes its control pipe
             worker = self.workers.pop(pid, None)
             for k in worker.slots if worker else ():  # killed, or failed: answer its fronts
-                self.slots.say(k, slots_protocol.LOST)  # (before "a": they start Python)
+                self.slots.say(k, LOST)  # (before "a": they start Python)
                 self.flights[k].worker, self.flights[k].held = None, True
 
     def tend(self) -> None:
@@ -633,12 +629,11 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
             pool.dispatch()
             pool.sweep()
     finally:
-        try:
-            st = os.stat(path)
-            if (st.st_dev, st.st_ino) == identity:
+        if file_identity(path) == identity:
+            try:
                 os.unlink(path)
-        except OSError:
-            pass
+            except OSError:
+                pass
         if slots is not None:
             slots.remove()
         pool.stop()

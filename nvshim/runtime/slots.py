@@ -38,6 +38,7 @@ import shutil
 import time
 
 from nvshim.errors import NvshimError
+from nvshim.fsutil import file_identity
 from nvshim.runtime.main import LowLevel
 
 SLOTS = 128
@@ -55,10 +56,6 @@ def slots_name(version: str, nvshim_file: str) -> str:
     none, and starts Python."""
     key = hashlib.sha256(f"{version}\0{nvshim_file}".encode(errors="surrogateescape"))
     return f"runtimed.{key.hexdigest()[:16]}"
-
-
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
 
 
 class Slots:
@@ -79,10 +76,10 @@ class Slots:
                     os.mkfifo(fifo, 0o600)
                     pair.append(os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
                 self.fds.append((pair[0], pair[1]))
-            self.replies = [_identity(os.fstat(r)) for r, _ in self.fds]
+            self.replies = [file_identity(r) for r, _ in self.fds]
             shutil.rmtree(path, ignore_errors=True)
             os.rename(staging, path)
-            self.identity = _identity(os.stat(path))
+            self.identity = file_identity(path)
         except OSError as err:
             self.close()
             shutil.rmtree(staging, ignore_errors=True)
@@ -96,11 +93,8 @@ class Slots:
 
     def remove(self) -> None:
         """Remove the directory if it is still this daemon's."""
-        try:
-            if _identity(os.stat(self.path)) == self.identity:
-                shutil.rmtree(self.path, ignore_errors=True)
-        except OSError:
-            pass
+        if file_identity(self.path) == self.identity:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def say(self, k: int, line: str) -> None:
         """Write one answer to slot ``k``'s front."""
@@ -184,26 +178,24 @@ class Caller:
     """The front process behind slot ``k``: its pidfd, argv (program first), environment,
     and stdio plus working directory as fds (the worker's, close-on-exec)."""
 
-    def __init__(self, slots: Slots, k: int, pid: int, nargs: int, namespaces_ok) -> None:
+    def __init__(self, slots: Slots, k: int, pid: int, nargs: int, decline_reason) -> None:
+        """Take the caller on; raises Declined. ``decline_reason(pid)``: why a process
+        must do its call itself (its uid, namespaces, root), or None."""
         try:
             self.pidfd = os.pidfd_open(pid)
         except OSError as err:
             raise Declined(f"pid {pid}: {err.strerror}") from None
         self.fds: list[int] = []
         try:
-            self._take(slots, k, pid, nargs, namespaces_ok)
+            self._take(slots, k, pid, nargs, decline_reason)
         except BaseException:
             self.close()
             raise
 
-    def _take(self, slots: Slots, k: int, pid: int, nargs: int, namespaces_ok) -> None:
-        try:
-            held = _identity(os.stat(f"/proc/{pid}/fd/{REPLY_FD}"))
-        except OSError:
-            held = None
-        if held != slots.replies[k]:
+    def _take(self, slots: Slots, k: int, pid: int, nargs: int, decline_reason) -> None:
+        if file_identity(f"/proc/{pid}/fd/{REPLY_FD}") != slots.replies[k]:
             raise Declined(f"pid {pid} does not hold slot {k}")
-        why = namespaces_ok(pid)
+        why = decline_reason(pid)
         if why is not None:
             raise Declined(why)
         try:

@@ -207,9 +207,10 @@ class CriClient:
         annotations: dict[str, str] | None = None,
         timeout: float = 30.0,
         poll: float = 0.05,
+        read_only: bool = False,
     ) -> ContainerResult:
         """Create, start and wait for a container in ``pod`` (its state read every ``poll``
-        seconds); return its result and log."""
+        seconds; ``read_only``: ``readOnlyRootFilesystem``); return its result and log."""
         api = self.api
         pod_id, pod_config = pod
         log_name = f"{name}.log"
@@ -221,6 +222,8 @@ class CriClient:
             annotations=dict(annotations or {}),
             log_path=log_name,
         )
+        if read_only:
+            config.linux.security_context.readonly_rootfs = True
         created = self.runtime.CreateContainer(
             api.CreateContainerRequest(
                 pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config

@@ -386,3 +386,30 @@ def test_a_root_that_cannot_be_made_read_only_again_fails_the_steps(pivot, monke
             run_steps(pid, rootfs, [step], ctx, pivoted=True)
     finally:
         ctx.close()
+
+
+def test_a_read_only_file_system_under_the_root_is_one_clear_error(tmp_path):
+    """Only the mount's flag is nvshim's to change: a file system mounted read-only
+    itself stays so, and nothing is run on it."""
+    from nvshim.hook import kernel
+    from nvshim.hook.rwroot import is_readonly, while_writable
+    from tests.runc_util import in_private_mount_ns
+
+    root = str(tmp_path / "root")
+    os.mkdir(root)
+
+    def attempt() -> list:
+        kernel.mount("nvshim-ro", root, "tmpfs", 0, "size=64k")
+        kernel.mount(None, root, None, kernel.MS_REMOUNT | kernel.MS_RDONLY)
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+        ran = []
+        try:
+            while_writable(fd, root, "the-root", lambda: ran.append("ran"))
+        except Exception as err:  # noqa: BLE001 - the message is the result
+            return [str(err), ran, is_readonly(fd)]
+        return ["no error", ran, is_readonly(fd)]
+
+    result = in_private_mount_ns(attempt)
+    message, ran, readonly = result["ok"]
+    assert message.startswith("the-root: the container root's file system is itself read-only")
+    assert ran == [] and readonly

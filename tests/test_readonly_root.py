@@ -22,7 +22,7 @@ import time
 import pytest
 
 from tests.podman_util import make_busybox_rootfs, podman_run
-from tests.runc_util import make_bundle, read_log, runc_run, served_by
+from tests.runc_util import daemon_calls, make_bundle, read_log, runc_run, served_by
 from tests.test_hook_standalone import gpu_host  # noqa: F401
 from tests.test_runtime_daemon import GPU, Daemon, creates  # noqa: F401
 from tests.test_runtime_finish import CONF, LIBDIR, RUNC
@@ -235,12 +235,20 @@ def test_podman_read_only_gets_its_cdi_device(sim_hosts, launchers, tmp_path):
     check_twins(*outputs, sim, cvd=False)  # CDI sets no CUDA_VISIBLE_DEVICES
 
 
-def test_a_cri_pod_with_a_read_only_root_filesystem_gets_its_gpu(creates, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("served", [False, True], ids=["in-process", "nvshim-runtimed"])
+def test_a_cri_pod_with_a_read_only_root_filesystem_gets_its_gpu(
+    creates,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    served,
+):
     """containerd's CRI with ``readOnlyRootFilesystem: true`` on the nvshim handler: the
-    kubelet's path, ``create`` then ``start``."""
+    kubelet's path, ``create`` then ``start``; with nvshim-runtimed in containerd's mount
+    namespace the read-only GPU create comes through a slot, with no interpreter."""
     from tests.cri_util import configure_containerd, cri_ready_config, cri_session, image_archive
     from tests.engines.containerd_instance import private_containerd
     from tests.engines.corpus_cases import CORPUS
+    from tests.runc_util import start_daemon
 
     image, pause = "nvshim.test/busybox:ro", "nvshim.test/pause:ro"
     monkeypatch.setenv("NVSHIM_CONFIG", creates.config)  # containerd -> shim -> runtime
@@ -253,21 +261,42 @@ def test_a_cri_pod_with_a_read_only_root_filesystem_gets_its_gpu(creates, tmp_pa
     configure_containerd(config, creates.runtime)
     logs = tmp_path / "pod-logs"
     logs.mkdir()
+    daemon_log = tmp_path / "nvshim-runtimed.log"
     with private_containerd(tmp_path, config) as ctd:
-        assert ctd.ctr("-n", "k8s.io", "images", "import", archive).returncode == 0
-        with cri_session(ctd.socket, image) as cri:
-            pod = cri.run_pod("readonly", logs, "nvshim")
-            results = [
-                cri.run_container(
-                    pod, f"gpu-{int(ro)}", image, ["/bin/sh", "-c", PROBE], env=GPU, read_only=ro
-                )  # fmt: skip
-                for ro in (False, True)
-            ]
+        daemon = None
+        if served:
+            ns = ("nsenter", f"--mount=/proc/{ctd.pid}/ns/mnt")
+            env = creates.env()
+            daemon = start_daemon(creates.bin_dir, env, daemon_log, "--verbose", prefix=ns)
+        try:
+            assert ctd.ctr("-n", "k8s.io", "images", "import", archive).returncode == 0
+            with cri_session(ctd.socket, image) as cri:
+                pod = cri.run_pod("readonly", logs, "nvshim")
+                results = [
+                    cri.run_container(
+                        pod,
+                        f"gpu-{int(ro)}",
+                        image,
+                        ["/bin/sh", "-c", PROBE],
+                        env=GPU,
+                        read_only=ro,
+                    )  # fmt: skip
+                    for ro in (False, True)
+                ]
+        finally:
+            if daemon is not None:
+                daemon.terminate()
+                assert daemon.wait(timeout=60) == 0
     for result in results:
         assert result.exit_code == 0, result
     check_twins(*(r.lines for r in results), creates.sim)
     ids = [r["id"] for r in read_log(str(creates.log)) if r.get("devices")]
     assert ids == [r.container_id for r in results]
+    if served:  # the sandbox's create warmed the front's cache
+        calls = daemon_calls(daemon_log)
+        assert all(c.endswith(" imports=0") for c in calls), calls
+        ways = dict(zip([c.split()[-2] for c in calls], served_by(daemon_log), strict=True))
+        assert ways[results[1].container_id].startswith("slot "), ways
 
 
 # --- nvshim.hook.rwroot on a pivoted process --------------------------------------------

@@ -323,3 +323,22 @@ def configure_containerd(config: str | os.PathLike, runtime_path: str, *extra: s
         env={"NVSHIM_CONTAINERD_VERSION": "1.6.20"},
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def nvshim_containerd(
+    tmp_path: Path, rootfs: str, image: str, runtime_path: str
+) -> tuple[Path, str, Path]:
+    """For a private containerd 1.6 running ``image`` (made of ``rootfs``) on an
+    ``nvshim`` handler whose binary is ``runtime_path``: (its config, the image archive
+    to import, with the sandbox image under ``<image>-pause``, a pod log directory)."""
+    from tests.engines.corpus_cases import CORPUS
+
+    pause = f"{image}-pause"
+    archive = image_archive(rootfs, tmp_path / "image.tar", [image, pause])
+    config = tmp_path / "containerd.toml"
+    v16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
+    config.write_text(cri_ready_config(v16, tmp_path / "scratch", pause))
+    configure_containerd(config, runtime_path)
+    logs = tmp_path / "pod-logs"
+    logs.mkdir()
+    return config, archive, logs

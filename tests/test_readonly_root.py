@@ -245,22 +245,15 @@ def test_a_cri_pod_with_a_read_only_root_filesystem_gets_its_gpu(
     """containerd's CRI with ``readOnlyRootFilesystem: true`` on the nvshim handler: the
     kubelet's path, ``create`` then ``start``; with nvshim-runtimed in containerd's mount
     namespace the read-only GPU create comes through a slot, with no interpreter."""
-    from tests.cri_util import configure_containerd, cri_ready_config, cri_session, image_archive
+    from tests.cri_util import cri_session, nvshim_containerd
     from tests.engines.containerd_instance import private_containerd
-    from tests.engines.corpus_cases import CORPUS
     from tests.runc_util import start_daemon
 
-    image, pause = "nvshim.test/busybox:ro", "nvshim.test/pause:ro"
+    image = "nvshim.test/busybox:ro"
     monkeypatch.setenv("NVSHIM_CONFIG", creates.config)  # containerd -> shim -> runtime
     monkeypatch.setenv("NVSHIM_CACHE_DIR", creates.cache_dir)
     rootfs = probe_rootfs(tmp_path / "rootfs")
-    archive = image_archive(rootfs, tmp_path / "image.tar", [image, pause])
-    config = tmp_path / "containerd.toml"
-    v16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
-    config.write_text(cri_ready_config(v16, tmp_path / "scratch", pause))
-    configure_containerd(config, creates.runtime)
-    logs = tmp_path / "pod-logs"
-    logs.mkdir()
+    config, archive, logs = nvshim_containerd(tmp_path, rootfs, image, creates.runtime)
     daemon_log = tmp_path / "nvshim-runtimed.log"
     with private_containerd(tmp_path, config) as ctd:
         daemon = None
@@ -346,19 +339,25 @@ def root_options(pid: int) -> list[str]:
     return line.split()[5].split(",")
 
 
-def link_step(link: str):
+def make_link(pid: int, rootfs: str) -> None:
+    """The ``create-symlinks`` step (``/bin/made-here -> busybox``) on the container
+    ``pid`` whose root is ``rootfs``, as nvshim-runtime runs it after ``runc create``."""
     from nvshim.config import load_config
     from nvshim.hook.args import parse_step
-    from nvshim.hook.steps import Context
+    from nvshim.hook.steps import Context, run_steps
 
-    return parse_step(["create-symlinks", "--link", f"busybox::{link}"]), Context(load_config(None))
+    ctx = Context(load_config(None))
+    try:
+        step = parse_step(["create-symlinks", "--link", "busybox::/bin/made-here"])
+        run_steps(pid, rootfs, [step], ctx, pivoted=True)
+    finally:
+        ctx.close()
 
 
 def test_without_mount_setattr_a_bind_remount_keeps_the_other_flags(pivot, monkeypatch):
     """Linux before 5.12 has no mount_setattr (ENOSYS, which this kernel cannot give):
     the root is remounted writable and back, nosuid and nodev kept."""
     from nvshim.hook import kernel
-    from nvshim.hook.steps import run_steps
 
     rootfs, pid = pivot('mount -o remount,bind,ro,nosuid,nodev "$1"')
     assert root_options(pid)[0] == "ro"
@@ -367,11 +366,7 @@ def test_without_mount_setattr_a_bind_remount_keeps_the_other_flags(pivot, monke
         raise OSError(errno.ENOSYS, "mount_setattr: Function not implemented")
 
     monkeypatch.setattr(kernel, "mount_setattr", old_kernel)
-    step, ctx = link_step("/bin/made-here")
-    try:
-        run_steps(pid, rootfs, [step], ctx, pivoted=True)
-    finally:
-        ctx.close()
+    make_link(pid, rootfs)
     assert os.readlink(f"/proc/{pid}/root/bin/made-here") == "busybox"
     options = root_options(pid)
     assert options[0] == "ro" and {"nosuid", "nodev"} <= set(options), options
@@ -379,16 +374,11 @@ def test_without_mount_setattr_a_bind_remount_keeps_the_other_flags(pivot, monke
 
 def test_a_root_locked_read_only_by_a_user_namespace_is_one_clear_error(pivot):
     from nvshim.errors import NvshimError
-    from nvshim.hook.steps import run_steps
 
     rootfs, pid = pivot('mount -o remount,bind,ro "$1"',
                         "unshare --user --map-root-user --mount --propagation private")  # fmt: skip
-    step, ctx = link_step("/bin/made-here")
-    try:
-        with pytest.raises(NvshimError, match="read-only root is locked by another user namespace"):
-            run_steps(pid, rootfs, [step], ctx, pivoted=True)
-    finally:
-        ctx.close()
+    with pytest.raises(NvshimError, match="read-only root is locked by another user namespace"):
+        make_link(pid, rootfs)
     assert not os.path.lexists(f"/proc/{pid}/root/bin/made-here")
     assert root_options(pid)[0] == "ro"
 
@@ -398,7 +388,6 @@ def test_a_root_that_cannot_be_made_read_only_again_fails_the_steps(pivot, monke
     runtime then deletes the container rather than hand out a writable root."""
     from nvshim.errors import NvshimError
     from nvshim.hook import kernel
-    from nvshim.hook.steps import run_steps
 
     rootfs, pid = pivot('mount -o remount,bind,ro "$1"')
     real = kernel.mount_setattr
@@ -409,12 +398,8 @@ def test_a_root_that_cannot_be_made_read_only_again_fails_the_steps(pivot, monke
         real(fd, attr_set, attr_clr)
 
     monkeypatch.setattr(kernel, "mount_setattr", no_way_back)
-    step, ctx = link_step("/bin/made-here")
-    try:
-        with pytest.raises(NvshimError, match="cannot make the root read-only again"):
-            run_steps(pid, rootfs, [step], ctx, pivoted=True)
-    finally:
-        ctx.close()
+    with pytest.raises(NvshimError, match="cannot make the root read-only again"):
+        make_link(pid, rootfs)
 
 
 def test_a_read_only_file_system_under_the_root_is_one_clear_error(tmp_path):

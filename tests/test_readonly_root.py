@@ -50,16 +50,6 @@ def probe_rootfs(dest) -> str:
     return rootfs
 
 
-def set_readonly(bundle: str, readonly: bool = True) -> str:
-    path = os.path.join(bundle, "config.json")
-    with open(path) as fh:
-        spec = json.load(fh)
-    spec["root"]["readonly"] = readonly
-    with open(path, "w") as fh:
-        json.dump(spec, fh)
-    return bundle
-
-
 def check_twins(writable: list[str], readonly: list[str], sim, cvd: bool = True) -> None:
     """The read-only container saw a read-only root and the same as its writable twin."""
     assert writable[:2] == ["root=writable", "mount=rw"], writable
@@ -106,8 +96,7 @@ def twin_bundles(c, name: str, args: list[str]) -> list[tuple[str, str]]:
     for readonly in (False, True):
         cid = f"ro-{name}-{int(readonly)}-{os.getpid()}"
         rootfs = probe_rootfs(c.tmp / f"rootfs-{cid}")
-        bundle = make_bundle(c.tmp, rootfs, args, env=GPU, name=cid)
-        out.append((set_readonly(bundle, readonly), cid))
+        out.append((make_bundle(c.tmp, rootfs, args, env=GPU, name=cid, readonly=readonly), cid))
         c.ids.append(cid)
     return out
 
@@ -207,8 +196,9 @@ def test_the_prestart_hook_finishes_a_read_only_root(tmp_path, launchers, gpu_ho
     for readonly in (False, True):
         rootfs = probe_rootfs(tmp_path / f"rootfs-{int(readonly)}")
         bundle = make_bundle(tmp_path, rootfs, ["sh", "-c", PROBE], env=GPU, hooks=[entry],
-                             capabilities=admin, name=f"hook-{int(readonly)}")  # fmt: skip
-        run = runc_run(set_readonly(bundle, readonly), f"ro-hook-{int(readonly)}-{os.getpid()}")
+                             capabilities=admin, name=f"hook-{int(readonly)}",
+                             readonly=readonly)  # fmt: skip
+        run = runc_run(bundle, f"ro-hook-{int(readonly)}-{os.getpid()}")
         assert run.returncode == 0, run.stderr
         outputs.append(run.stdout.splitlines())
     # a prestart hook cannot set the container's environment: no CUDA_VISIBLE_DEVICES

@@ -9,7 +9,7 @@
   against runc creating the same container with no GPU, and against runc creating the
   bundle nvshim edited (its 21 mounts and 4 device nodes: runc's own work for the GPU,
   which any injecting runtime adds), which leaves nvshim's own time; and with a
-  read-only root (``"root": {"readonly": true}``) against runc's read-only no-GPU twin;
+  read-only root (``"root": {"readonly": true}``) against runc's read-only twins;
 - ``podman run --rm true`` with no GPU and with 1 GPU (podman 4, vfs storage, in a
   private mount namespace; both runtimes behind the same one-line sh wrapper, which
   podman needs to hand nvshim its config);
@@ -201,6 +201,7 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
         alone_create = create_once(runtime_alone, f"a{i}", call_env=alone)
         bare_ro_create = create_once(RUNC, f"q{i}", readonly=True)
         ro_create = create_once(runtime, f"o{i}", readonly=True)
+        edited_ro_create = create_once(RUNC, f"p{i}", edited=True, readonly=True)
         bare_pod = timed([*podman["runc"], *run_opts, "/bin/true"], env)
         our_pod = timed([*podman["nvshim"], *run_opts, "/bin/true"], env)
         gpu_pod = timed([*podman["nvshim"], *run_opts[:2], "-e", "NVIDIA_VISIBLE_DEVICES=0",
@@ -217,6 +218,7 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
         pairs.add("create, 1 GPU (runc: same edits)", edited_create, our_create)
         pairs.add("create, 1 GPU, no daemon", bare_create, alone_create)
         pairs.add("create, 1 GPU, read-only root", bare_ro_create, ro_create)
+        pairs.add("create, 1 GPU, read-only (same edits)", edited_ro_create, ro_create)
         pairs.add("podman run --rm true, no GPU", bare_pod, our_pod)
         pairs.add("podman run --rm true, 1 GPU", bare_pod, gpu_pod)
         pairs.add("CRI pod + container, no GPU", bare_cri, our_cri)

@@ -166,13 +166,14 @@ def test_exec_in_a_read_only_root(creates, via):  # noqa: F811
         assert kinds == ["create", "exec", "create", "exec"], kinds
 
 
-def test_a_root_made_read_only_by_runc_is_restored_after_a_failed_step(creates):  # noqa: F811
-    """A step that fails on a read-only root: the container is deleted, as on a
-    writable one, and the image is untouched."""
-    (_, _), (bundle, cid) = twin_bundles(creates, "fail", ["/bin/true"])
-    rootfs = json.load(open(f"{bundle}/config.json"))["root"]["path"]
+def test_a_failed_step_on_a_read_only_root_deletes_the_container(creates):  # noqa: F811
+    """As on a writable root: one line, and runc no longer knows the container."""
+    rootfs = probe_rootfs(creates.tmp / "rootfs-fail")
     with open(os.path.join(rootfs, "etc/ld.so.conf.d"), "w") as fh:
         fh.write("a file where the image should have a folder\n")
+    cid = f"ro-fail-{os.getpid()}"
+    bundle = make_bundle(creates.tmp, rootfs, ["/bin/true"], env=GPU, name=cid, readonly=True)
+    creates.ids.append(cid)
     proc = creates.call("create", "--bundle", bundle, cid, capture_output=True, text=True)
     assert proc.returncode == 1
     (line,) = proc.stderr.splitlines()
@@ -360,6 +361,26 @@ def test_without_mount_setattr_a_bind_remount_keeps_the_other_flags(pivot, monke
     assert os.readlink(f"/proc/{pid}/root/bin/made-here") == "busybox"
     options = root_options(pid)
     assert options[0] == "ro" and {"nosuid", "nodev"} <= set(options), options
+
+
+def test_a_failed_step_leaves_the_root_read_only(pivot):
+    """The flag goes back whatever the steps did."""
+    from nvshim.config import load_config
+    from nvshim.errors import NvshimError
+    from nvshim.hook.args import parse_step
+    from nvshim.hook.steps import Context, run_steps
+
+    rootfs, pid = pivot('mount -o remount,bind,ro "$1"')
+    ctx = Context(load_config(None))
+    steps = [parse_step(["create-symlinks", "--link", "busybox::/bin/one", "--link",
+                         "busybox::/etc/passwd/not-a-folder"])]  # fmt: skip
+    try:
+        with pytest.raises(NvshimError, match="/etc/passwd/not-a-folder"):
+            run_steps(pid, rootfs, steps, ctx, pivoted=True)
+    finally:
+        ctx.close()
+    assert os.readlink(f"/proc/{pid}/root/bin/one") == "busybox"  # it was writable
+    assert root_options(pid)[0] == "ro"
 
 
 def test_a_root_locked_read_only_by_a_user_namespace_is_one_clear_error(pivot):

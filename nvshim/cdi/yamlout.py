@@ -22,6 +22,7 @@ NOT_STRINGS = frozenset(
 FLOAT_WORDS = frozenset(".inf .Inf .INF .nan .NaN .NAN".split())
 FIRST_INDICATORS = "#,[]{}&*!|>'\"%@`"
 _DIGITS_COLONS = frozenset(DIGITS + ":")
+_DIGITS_DOTS = frozenset(DIGITS + ".")
 _PRINTABLE = frozenset(chr(c) for c in range(0x21, 0x7F))
 
 
@@ -142,7 +143,10 @@ def plain(text: str) -> bool:
 
 def _number(text: str) -> bool:
     """Whether ``text`` (starting with a digit, a sign already removed) reads back as a
-    YAML 1.1 int or float or timestamp; Unsupported unless it is digits and colons only."""
+    YAML 1.1 int or float or timestamp; Unsupported unless it is digits and colons only,
+    or digits and dots only (a version such as ``0.5.0``: a float has one dot)."""
+    if "." in text and _DIGITS_DOTS.issuperset(text):
+        return text.count(".") < 2
     if not _DIGITS_COLONS.issuperset(text):
         raise Unsupported
     parts = text.split(":")

@@ -30,6 +30,7 @@ def candidate_strings() -> set[str]:
         strings.add("".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 8))))
     strings |= set(yamlout.NOT_STRINGS) | yamlout.FLOAT_WORDS
     strings |= {"", "-.inf", "-.nan", "---x", "...", "a:", "0:0", "1:0", "1:60", "12:5:7"}
+    strings |= {"0.5.0", "1.5", "1.", "1..2", "-1.5", "+0.6.0", "1.2.3:4"}
     strings |= {"09", "07", "00", "-0", "+1", "0x1f", "0b1", "2001-12-14", "1e3", "1_0", "é"}
     return strings
 
@@ -49,7 +50,7 @@ def test_every_decided_string_is_written_as_pyyaml_writes_it():
 
 @pytest.mark.parametrize(
     "text",
-    ["with space", "tab\there", "ünïcode", "1.5", "2001-12-14", "-.5", ".5"],
+    ["with space", "tab\there", "ünïcode", "1e5", "2001-12-14", "-.5", ".5", "1.2:3"],
 )
 def test_undecided_strings_are_left_to_pyyaml(text):
     with pytest.raises(yamlout.Unsupported):

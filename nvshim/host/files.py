@@ -78,12 +78,11 @@ def find_libraries(
             by_stem.setdefault((parts[0], entry.arch), []).append(entry)
     out: list[DriverFile] = []
     seen: set[str] = set()
+    links: dict[str, str | None] = {}  # the library directories are read once
     for capability, stems in df.LIBRARIES.items():
         for stem in stems:
             for arch, cap in (("x86_64", capability), ("32bit", "compat32")):
-                lib = _pick_library(
-                    driver_root, driver_version, stem, by_stem.get((stem, arch), [])
-                )
+                lib = _pick_library(driver_root, stem, by_stem.get((stem, arch), []), links)
                 if lib is None or lib.host_path in seen:
                     continue
                 seen.add(lib.host_path)
@@ -100,7 +99,7 @@ def _versioned(path: str) -> bool:
 
 
 def _pick_library(
-    driver_root: str, driver_version: str, stem: str, entries: list[LdCacheEntry]
+    driver_root: str, stem: str, entries: list[LdCacheEntry], read_links: dict[str, str | None]
 ) -> DriverFile | None:
     """Resolve a library's entries to its real file, its SONAME link and dev link."""
     if not entries:
@@ -109,7 +108,7 @@ def _pick_library(
     entries = sorted(entries, key=lambda e: (e.name == f"{stem}.so", len(e.name)))
     for entry in entries:
         try:
-            real = resolve_in_root(driver_root, entry.path)
+            real = resolve_in_root(driver_root, entry.path, read_links)
         except OSError:
             continue
         real_host = host_path(driver_root, real)

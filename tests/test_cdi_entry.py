@@ -110,7 +110,7 @@ def test_no_nvml_is_one_line(tmp_path):
     )
 
 
-SLOW = ("click", "yaml", "pynvml", "re", "typing", "json", "tomllib", "dataclasses")
+SLOW = ("click", "yaml", "pynvml", "re", "typing", "json", "tomllib", "dataclasses", "ctypes")
 
 
 def test_generate_imports_none_of_the_slow_modules(sim_hosts, tmp_path):

@@ -100,10 +100,14 @@ def _gpu(gpu: nvml.NvmlGpu) -> dict:
 
 
 @pytest.mark.parametrize("name", shipped_hosts())
-def test_query_reports_what_pynvml_reports(sim_hosts, name):
+def test_query_reports_what_pynvml_reports(sim_hosts, name, monkeypatch):
     sim = sim_hosts(name)
     want = pynvml_snapshot(sim.nvml_path)
     assert want["gpus"]
+    assert ours(sim.nvml_path) == want
+    import ctypes  # the binding's types on ctypes itself (its fallback): the same answers
+
+    monkeypatch.setattr(nvml, "c_types", lambda: ctypes)
     assert ours(sim.nvml_path) == want
 
 

@@ -136,6 +136,53 @@ class NvmlCallError(Exception):
         self.code = code
 
 
+def c_types():
+    """The ctypes pieces the binding uses (``CDLL``, ``c_int``, ``c_uint``, ``c_ulonglong``,
+    ``c_void_p``, ``c_char_p``, ``byref``, ``create_string_buffer``), defined on ``_ctypes``,
+    the C module under ctypes, as ctypes defines them: importing ctypes itself costs about
+    2 ms more (its byte-order structure classes). Falls back to ctypes."""
+    try:
+        import _ctypes as c
+        from types import SimpleNamespace
+
+        def simple(code: str):
+            return type(f"c_{code}", (c._SimpleCData,), {"_type_": code})
+
+        c_int = simple("i")
+        c_char = simple("c")
+        function = type(
+            "Function", (c.CFuncPtr,), {"_flags_": c.FUNCFLAG_CDECL, "_restype_": c_int}
+        )
+
+        class CDLL:
+            """A shared library; its attributes are its functions (int result)."""
+
+            def __init__(self, name: str):
+                self._handle = c.dlopen(name, 0)  # RTLD_NOW | RTLD_LOCAL, as ctypes does
+
+            def __getattr__(self, name: str):
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                found = function((name, self))  # AttributeError when not exported
+                setattr(self, name, found)
+                return found
+
+        return SimpleNamespace(
+            CDLL=CDLL,
+            c_int=c_int,
+            c_uint=simple("I"),
+            c_ulonglong=simple("Q"),
+            c_void_p=simple("P"),
+            c_char_p=simple("z"),
+            byref=c.byref,
+            create_string_buffer=lambda size: (c_char * size)(),
+        )
+    except (ImportError, AttributeError):  # pragma: no cover - CPython has them all
+        import ctypes
+
+        return ctypes
+
+
 class Nvml:
     """The NVML calls discovery makes, bound with ctypes to the symbols pynvml binds
     (``nvmlDeviceGetCount_v2``, ``nvmlDeviceGetPciInfo_v3``, ...). Importing pynvml costs
@@ -143,8 +190,7 @@ class Nvml:
     and a cold inventory need. Other NVML users (MPS compute mode, topology) use pynvml."""
 
     def __init__(self, path: str | None):
-        import ctypes
-
+        ctypes = c_types()
         self.ctypes = ctypes
         self.lib = ctypes.CDLL(path or "libnvidia-ml.so.1")
         self.handle_type = ctypes.c_void_p

@@ -87,13 +87,19 @@ def build_reference(src: str) -> str | None:
     return out
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU (user + system, all threads) seconds of one run of ``argv``."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    actions = [(os.POSIX_SPAWN_DUP2, null, 1), (os.POSIX_SPAWN_DUP2, null, 2)]
     start = time.perf_counter()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pid = os.posix_spawn(argv[0], argv, env, file_actions=actions)
+    _, status, usage = os.wait4(pid, 0)
     elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed: {proc.stderr.decode(errors='replace')[-1000:]}")
-    return elapsed
+    os.close(null)
+    if os.waitstatus_to_exitcode(status) != 0:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        raise SystemExit(f"{argv[0]} failed: {proc.stderr[-1000:]}")
+    return elapsed, usage.ru_utime + usage.ru_stime
 
 
 def device_names(path: str) -> list[str]:
@@ -101,6 +107,49 @@ def device_names(path: str) -> list[str]:
 
     with open(path) as fh:
         return sorted(d["name"] for d in yaml.safe_load(fh)["devices"])
+
+
+def measure(host, commands, spec_dir: str, env: dict, rounds: int) -> tuple[int, dict, dict]:
+    """Device count, and wall and CPU seconds per command over ``rounds`` paired rounds."""
+    argvs = {}
+    for name, command in commands.items():
+        out = os.path.join(spec_dir, f"{name.split()[0]}.yaml")
+        if name == "nvidia-ctk":
+            argv = [*command, "--quiet", "cdi", "generate", "--mode", "nvml"]
+            argv += ["--nvidia-cdi-hook-path", "/usr/bin/nvidia-cdi-hook", "--output", out]
+        else:
+            argv = [*command, "cdi", "generate", "-o", out]
+        argvs[name] = [*argv, "--driver-root", host.driver_root, "--dev-root", host.dev_root]
+        timed(argvs[name], env)  # warm-up (page cache, nvshim's config cache)
+    names = device_names(os.path.join(spec_dir, "nvshim.yaml"))
+    if "nvidia-ctk" in commands:  # the same devices by the same names
+        assert names == device_names(os.path.join(spec_dir, "nvidia-ctk.yaml"))
+    wall: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
+    order = list(commands)
+    for _ in range(rounds):
+        for name in order:
+            seconds, used = timed(argvs[name], env)
+            wall[name].append(seconds)
+            cpu[name].append(used)
+        order.reverse()
+    return len(names), wall, cpu
+
+
+def row(label: str, devices: int, wall: dict, cpu: dict) -> str:
+    """One table row: medians, and against the reference the paired ratios."""
+    text = f"{label:<14}{devices:>8}"
+    for samples in wall.values():
+        text += f"{statistics.median(samples) * 1000:>19.1f} ms"
+    if "nvidia-ctk" in wall:
+        ours, ref = wall["nvshim"], wall["nvidia-ctk"]
+        ratios = sorted(o / r for o, r in zip(ours, ref, strict=True))
+        low, high = ratios[len(ratios) // 4], ratios[-1 - len(ratios) // 4]
+        text += f"{median_ratio(ours, ref):>11.2f}x  {low:.2f}x to {high:.2f}x"
+        text += f"  cpu {statistics.median(cpu['nvshim']) * 1000:.0f} ms"
+        text += f" vs {statistics.median(cpu['nvidia-ctk']) * 1000:.0f} ms"
+        text += f" ({median_ratio(cpu['nvshim'], cpu['nvidia-ctk']):.2f}x)"
+    return text
 
 
 def main() -> None:
@@ -127,63 +176,38 @@ def main() -> None:
         spec_dir = os.path.join(tmp, "cdi")
         os.mkdir(spec_dir)
         subprocess.run(["mount", "-t", "tmpfs", "bench-cdi", spec_dir], check=True)
-        bin_dir = os.path.join(tmp, "bin")
-        write_launchers(bin_dir, cli=True)
-        commands = {
-            "nvshim": [os.path.join(bin_dir, "nvshim")],
-            "nvshim (venv script)": [os.path.join(os.path.dirname(sys.executable), "nvshim")],
-        }
-        if reference:
-            commands["nvidia-ctk"] = [reference]
-        yard = [timed([python, "-IS", "-c", "pass"], env) for _ in range(args.rounds)]
-        print(f"{'host':<14}{'devices':>8}" + "".join(f"{name:>22}" for name in commands), end="")
-        print(f"{'nvshim/ref':>12}{'  (per-round range)':>20}" if reference else "")
-        for gpus in (1, 8):
-            for mig in (False, True):
-                root = os.path.join(tmp, f"h{gpus}{'m' if mig else ''}")
-                host = build_host(generate_topology(gpus, mig), root)
-                minors = os.path.join(host.dev_root, MIG_MINORS.lstrip("/"))
-                if mig:
-                    shutil.copy(minors, MIG_MINORS)
-                elif os.path.exists(MIG_MINORS):
-                    os.unlink(MIG_MINORS)
-                argvs = {}
-                for name, command in commands.items():
-                    out = os.path.join(spec_dir, f"{name.split()[0]}.yaml")
-                    if name == "nvidia-ctk":
-                        argv = [*command, "--quiet", "cdi", "generate", "--mode", "nvml"]
-                        argv += ["--nvidia-cdi-hook-path", "/usr/bin/nvidia-cdi-hook"]
-                        argv += ["--output", out]
-                    else:
-                        argv = [*command, "cdi", "generate", "-o", out]
-                    argvs[name] = [*argv, "--driver-root", host.driver_root]
-                    argvs[name] += ["--dev-root", host.dev_root]
-                    timed(argvs[name], env)  # warm-up (page cache, nvshim's config cache)
-                names = device_names(os.path.join(spec_dir, "nvshim.yaml"))
-                if reference:  # the same devices by the same names
-                    assert names == device_names(os.path.join(spec_dir, "nvidia-ctk.yaml"))
-                samples: dict[str, list[float]] = {name: [] for name in commands}
-                order = list(commands)
-                for _ in range(args.rounds):
-                    for name in order:
-                        samples[name].append(timed(argvs[name], env))
-                    order.reverse()
-                label = f"{gpus} GPU{'s' if gpus > 1 else ''}{' MIG' if mig else ''}"
-                row = f"{label:<14}{len(names):>8}"
-                for name in commands:
-                    row += f"{statistics.median(samples[name]) * 1000:>19.1f} ms"
-                if reference:
-                    ours, ref = samples["nvshim"], samples["nvidia-ctk"]
-                    ratios = sorted(o / r for o, r in zip(ours, ref, strict=True))
-                    low, high = ratios[len(ratios) // 4], ratios[-1 - len(ratios) // 4]
-                    row += f"{median_ratio(ours, ref):>11.2f}x  {low:.2f}x to {high:.2f}x"
-                print(row)
-        print(
-            f"yardstick python3 -IS -c pass: {statistics.median(yard) * 1000:.1f} ms; "
-            f"{args.rounds} rounds, medians; range: middle half of the per-round ratios"
-        )
-        if not reference:
-            print("reference not measured: give --nvidia-ctk or --reference-src")
+        try:
+            bin_dir = os.path.join(tmp, "bin")
+            write_launchers(bin_dir, cli=True)
+            commands = {
+                "nvshim": [os.path.join(bin_dir, "nvshim")],
+                "nvshim (venv script)": [os.path.join(os.path.dirname(sys.executable), "nvshim")],
+            }
+            if reference:
+                commands["nvidia-ctk"] = [reference]
+            yard = [timed([python, "-IS", "-c", "pass"], env)[0] for _ in range(args.rounds)]
+            header = f"{'host':<14}{'devices':>8}" + "".join(f"{name:>22}" for name in commands)
+            print(header + (f"{'nvshim/ref':>12}  per-round range, CPU" if reference else ""))
+            for gpus in (1, 8):
+                for mig in (False, True):
+                    root = os.path.join(tmp, f"h{gpus}{'m' if mig else ''}")
+                    host = build_host(generate_topology(gpus, mig), root)
+                    if mig:
+                        shutil.copy(os.path.join(host.dev_root, MIG_MINORS[1:]), MIG_MINORS)
+                    elif os.path.exists(MIG_MINORS):
+                        os.unlink(MIG_MINORS)
+                    devices, wall, cpu = measure(host, commands, spec_dir, env, args.rounds)
+                    label = f"{gpus} GPU{'s' if gpus > 1 else ''}{' MIG' if mig else ''}"
+                    print(row(label, devices, wall, cpu), flush=True)
+            print(
+                f"yardstick python3 -IS -c pass: {statistics.median(yard) * 1000:.1f} ms; "
+                f"{args.rounds} rounds, medians; range: middle half of the per-round ratios; "
+                "cpu: user + system of all threads"
+            )
+            if not reference:
+                print("reference not measured: give --nvidia-ctk or --reference-src")
+        finally:
+            subprocess.run(["umount", spec_dir], check=True)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,6 @@ def c_types():
     2 ms more (its byte-order structure classes). Falls back to ctypes."""
     try:
         import _ctypes as c
-        from types import SimpleNamespace
 
         def simple(code: str):
             return type(f"c_{code}", (c._SimpleCData,), {"_type_": code})
@@ -167,16 +166,20 @@ def c_types():
                 setattr(self, name, found)
                 return found
 
-        return SimpleNamespace(
-            CDLL=CDLL,
-            c_int=c_int,
-            c_uint=simple("I"),
-            c_ulonglong=simple("Q"),
-            c_void_p=simple("P"),
-            c_char_p=simple("z"),
-            byref=c.byref,
-            create_string_buffer=lambda size: (c_char * size)(),
-        )
+        class types:  # what the binding takes from the ctypes module
+            c_uint = simple("I")
+            c_ulonglong = simple("Q")
+            c_void_p = simple("P")
+            c_char_p = simple("z")
+            byref = staticmethod(c.byref)
+
+            @staticmethod
+            def create_string_buffer(size: int):
+                return (c_char * size)()
+
+        types.CDLL = CDLL
+        types.c_int = c_int
+        return types
     except (ImportError, AttributeError):  # pragma: no cover - CPython has them all
         import ctypes
 

@@ -205,6 +205,7 @@ class StandIn:
 
     def __init__(self, c) -> None:
         self.slots = Slots(slot_dir(c))
+        self.stopped = False  # stop(): the thread gives up waiting for a request
 
     def serve(self, answers, hold: float = 0.0):
         """A thread that waits for one request and writes ``answers`` to its slot (then
@@ -213,7 +214,7 @@ class StandIn:
 
         def run() -> None:
             deadline = time.monotonic() + 30
-            while not heard and time.monotonic() < deadline:
+            while not heard and not self.stopped and time.monotonic() < deadline:
                 for k in range(SLOTS):
                     request = self.slots.request(k)
                     if request is not None:
@@ -228,6 +229,10 @@ class StandIn:
         thread = threading.Thread(target=run)
         thread.start()
         return thread, heard
+
+    def stop(self, thread) -> None:
+        self.stopped = True
+        thread.join(timeout=60)
 
 
 @pytest.mark.parametrize(

@@ -253,13 +253,13 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         fields["ldcache"] = "skipped-reachable"
         return fields
     fields["unreachable"] = len(missing)
+    refuse_special_confs(root)
     text = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
     try:
         root.write_file(CONF_FILE, (text + "\n").encode())
         root.create_exclusive(CONF, b"include /etc/ld.so.conf.d/*.conf\n")
     except (OSError, RootPathError) as err:
         raise NvshimError(f"{CONF_FILE} in the container root: cannot write: {err}") from None
-    refuse_special_confs(root)
     started = time.perf_counter()
     run_ldconfig(root, ldconfig_fd, folders)
     fields["ldconfig_ms"] = round((time.perf_counter() - started) * 1000, 2)

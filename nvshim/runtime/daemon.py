@@ -632,7 +632,11 @@ def decline_busy(listener: socket.socket, workers: int) -> None:
         return
     with conn:
         _say(2, f"declined: all {workers} workers busy (socket)")
-        try:
+        try:  # the request first: closing with it unread would reset the connection
+            conn.settimeout(1.0)
+            _, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
+            for fd in fds:
+                os.close(fd)
             conn.sendall(wire.pack(wire.DECLINE, b"busy"))
         except OSError:
             pass

@@ -170,13 +170,7 @@ def test_a_worker_killed_after_runc_created_the_container_has_it_deleted(creates
     """The watchdog kills a worker while the front's runc still runs: the parent tells the
     front the call was lost; once runc is done the front has Python delete the container,
     and the call fails with one line."""
-    slow = tmp_path / "slow-runc"
-    slow.write_text(f'#!/bin/sh\nsleep 2\nexec {creates_runc()} "$@"\n')
-    slow.chmod(0o755)
-    text = open(creates.config).read()
-    open(creates.config, "w").write(
-        text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{slow}"]\n')
-    )
+    use_runtime(creates, wrapped_runc(tmp_path / "slow-runc", "sleep 2"))
     d = serve(creates, "--call-timeout", "0.5")
     try:
         bundle, cid = bundle_for(creates, "lost")
@@ -193,10 +187,19 @@ def test_a_worker_killed_after_runc_created_the_container_has_it_deleted(creates
         assert d.stop() == 0
 
 
-def creates_runc() -> str:
+def wrapped_runc(path, before: str) -> str:
+    """A runc at ``path`` that runs the sh line ``before`` first."""
     from tests.test_runtime_finish import RUNC
 
-    return RUNC
+    path.write_text(f'#!/bin/sh\n{before}\nexec {RUNC} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def use_runtime(c, runtime: str) -> None:
+    """Have ``c``'s configuration name ``runtime`` as its only low-level runtime."""
+    text = open(c.config).read()
+    open(c.config, "w").write(text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{runtime}"]\n'))
 
 
 class StandIn:

@@ -28,7 +28,9 @@ from tests.test_runtime_slots import (  # noqa: F401
     daemon,
     serve,
     slot_dir,
+    use_runtime,
     warm,
+    wrapped_runc,
 )
 
 SHELLS = {"dash": ["dash"], "bash-posix": ["bash", "--posix"], "busybox": ["busybox", "sh"]}
@@ -270,14 +272,8 @@ def test_a_saturated_pool_declines_at_once(creates, tmp_path):  # noqa: F811
     """One worker, busy with a create whose runc takes 4 s: the next create is declined
     on its slot and on the socket at once and done in its own process, long before."""
     started = tmp_path / "slow-started"
-    slow = tmp_path / "slow-runc"
-    slow.write_text(f'#!/bin/sh\ncase "$*" in *slow*) : > {started}; sleep 4 ;; esac\n'
-                    f'exec {RUNC} "$@"\n')  # fmt: skip
-    slow.chmod(0o755)
-    text = open(creates.config).read()
-    open(creates.config, "w").write(
-        text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{slow}"]\n')
-    )
+    line = f'case "$*" in *slow*) : > {started}; sleep 4 ;; esac'
+    use_runtime(creates, wrapped_runc(tmp_path / "slow-runc", line))
     d = serve(creates, "--max-workers", "1")
     try:
         bundle, slow_id = bundle_for(creates, "slow")
@@ -328,8 +324,7 @@ def test_a_runtime_found_through_a_relative_path_entry_is_run_by_a_slot(creates,
     work = tmp_path / "work"
     (work / "rel").mkdir(parents=True)
     os.symlink(RUNC, work / "rel" / "runc")
-    text = open(creates.config).read()
-    open(creates.config, "w").write(text.replace("[runtime]\n", '[runtime]\nruntimes = ["runc"]\n'))
+    use_runtime(creates, "runc")
     env = {**creates.env(), "PATH": "rel"}
     warm_proc = subprocess.run([creates.runtime, "--version"], env=env, cwd=work,
                                capture_output=True, timeout=60)  # fmt: skip

@@ -296,11 +296,24 @@ def test_a_saturated_pool_declines_at_once(creates, tmp_path):  # noqa: F811
         assert d.stop() == 0
 
 
-def test_a_fifo_in_the_images_ld_so_conf_d_fails_its_create_at_once(creates, daemon):  # noqa: F811
-    """Issue 22: ldconfig opening a FIFO blocked a worker for 60 s; it is refused."""
+@pytest.mark.parametrize(
+    "fifo, conf",
+    [
+        ("/etc/ld.so.conf.d/evil.conf", None),
+        ("/opt/conf.d/evil.conf", "include /opt/conf.d/*.conf"),
+        ("/etc/more.d/evil.conf", "include more.d/*.conf"),  # relative to /etc
+    ],
+    ids=["ld.so.conf.d", "include", "relative-include"],
+)
+def test_a_fifo_in_the_images_ld_so_conf_d_fails_its_create_at_once(creates, daemon, fifo, conf):  # noqa: F811
+    """Issue 22: ldconfig opening a FIFO blocked a worker for 60 s; it is refused, in
+    /etc/ld.so.conf.d or wherever an include line of the image's /etc/ld.so.conf names."""
     rootfs = make_busybox_rootfs(creates.tmp / "rootfs-fifo")
-    os.makedirs(f"{rootfs}/etc/ld.so.conf.d", exist_ok=True)
-    os.mkfifo(f"{rootfs}/etc/ld.so.conf.d/evil.conf")
+    os.makedirs(os.path.dirname(f"{rootfs}{fifo}"), exist_ok=True)
+    os.mkfifo(f"{rootfs}{fifo}")
+    if conf:
+        with open(f"{rootfs}/etc/ld.so.conf", "w") as fh:
+            fh.write(f"# the image's\n{conf}\n")
     from tests.runc_util import make_bundle
 
     cid = f"fifo-{os.getpid()}"
@@ -311,7 +324,8 @@ def test_a_fifo_in_the_images_ld_so_conf_d_fails_its_create_at_once(creates, dae
     proc = create(creates, bundle, cid)
     assert proc.returncode == 1 and time.monotonic() - began < 10
     (line,) = creates.output(cid).splitlines()
-    assert "/etc/ld.so.conf.d/evil.conf" in line and "not a regular file" in line
+    assert line.startswith("nvshim-runtime: error: ") and "not a regular file" in line, line
+    assert line.count(fifo) == 1
     assert creates.state(cid) is None and creates.python_starts() == 0
     bundle, cid = bundle_for(creates, "after-fifo")  # the daemon serves the next one
     assert create(creates, bundle, cid).returncode == 0, creates.output(cid)

@@ -19,30 +19,6 @@ if TYPE_CHECKING:
 TOOL = "nvshim-runtime"
 
 
-def mark_prepared(container_id: str, prepared: bool = True) -> None:
-    """Leave (or, for a container asking for no GPU, remove a stale) marker the front
-    looks for. Without it an exec would escape the enforcement, so failing to write it
-    fails the create."""
-    from nvshim.runtime import MARKER_DIR
-    from nvshim.trusted import CACHE_DIR
-
-    if "/" in container_id or container_id in ("", ".", ".."):
-        return
-    directory = os.path.join(CACHE_DIR, MARKER_DIR)
-    path = os.path.join(directory, container_id)
-    if not prepared:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        return
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
-    except OSError as err:
-        raise NvshimError(f"{directory}: cannot write the exec marker: {err.strerror}") from None
-
-
 def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArgs]]:
     """``edits`` without nvshim-hook's finishing-step entries, and those steps parsed."""
     from nvshim.hook import is_finisher
@@ -69,13 +45,27 @@ class Prepared:
         self.annotations = annotations
 
 
-def prepare_bundle(bundle: str, container_id: str, finish_here: bool = False) -> Prepared:
+def _marker_root(config: Config, root_flag: str | None) -> str:
+    """What the exec marker records: the low-level runtime's state root, "" if unknown."""
+    from nvshim.runtime.lowlevel import runtime_for
+    from nvshim.runtime.markers import state_root
+
+    try:
+        return state_root(root_flag, runtime_for(config))
+    except NvshimError:  # no runtime: the create fails after the marker anyway
+        return ""
+
+
+def prepare_bundle(
+    bundle: str, container_id: str, finish_here: bool = False, root_flag: str | None = None
+) -> Prepared:
     """Edit the bundle for a GPU request; a non-GPU container's file stays byte-identical.
 
     ``finish_here`` (``create``): the finishing steps are left out of the spec and
     returned for the runtime to run after the low-level create
-    (``nvshim.runtime.finish``). Raises NvshimError (logged) when the request cannot be
-    satisfied.
+    (``nvshim.runtime.finish``). ``root_flag``: the call's global ``--root``, which the
+    exec marker records (``nvshim.runtime.markers``). Raises NvshimError (logged) when
+    the request cannot be satisfied.
     """
     config = load_config()
     spec = load_spec(bundle)
@@ -89,8 +79,11 @@ def prepare_bundle(bundle: str, container_id: str, finish_here: bool = False) ->
             config, TOOL, container_id, error=err, echo=False, annotations=pod, bundle=bundle
         )
         raise
+    from nvshim.runtime.markers import mark_prepared
+    from nvshim.trusted import CACHE_DIR
+
     if selection is None or selection.edits.is_empty():
-        mark_prepared(container_id, prepared=False)
+        mark_prepared(CACHE_DIR, container_id, prepared=False)
     if selection is None:
         return Prepared(config)
     if selection.edits.is_empty():
@@ -107,7 +100,7 @@ def prepare_bundle(bundle: str, container_id: str, finish_here: bool = False) ->
         rootfs = rootfs_path(spec, bundle) if steps else ""
     apply_edits(spec, edits, [d.uuid for d in selection.devices])
     data = fastjson.dumps(spec).encode()
-    mark_prepared(container_id)
+    mark_prepared(CACHE_DIR, container_id, _marker_root(config, root_flag))
     atomic_write(os.path.join(bundle, "config.json"), data, backup=False, durable=False)
     log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
     return Prepared(config, steps, rootfs, pod)

@@ -28,6 +28,9 @@ and root, from the same nvshim (version and files) with the same cache directory
 at once, when every worker is busy and no more may be added (no call waits for
 another's). A served call runs with the caller's umask. The daemon refuses to start on
 a cache directory another user could change (``check_cache_dir``).
+
+At start and every ``--marker-sweep`` seconds the parent removes the exec markers whose
+container is gone (``nvshim.runtime.markers.sweep``).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ class Limits:
     max_workers: int = 32  # added while all are busy
     idle_timeout: float = 60.0  # an extra worker idle this long is retired
     call_timeout: float = 300.0  # a call busy this long is killed (kubelet gives up at 120 s)
+    marker_sweep: float = 60.0  # seconds between sweeps of the exec markers
 
 
 # worker -> parent, one pipe: 6-byte records, its pid, one of these, a slot (NO_SLOT)
@@ -647,6 +651,14 @@ def decline_busy(listener: socket.socket, workers: int) -> None:
             pass
 
 
+def sweep_markers() -> None:
+    """Remove the exec markers whose container is gone; one line for each."""
+    from nvshim.runtime.markers import sweep
+
+    for name, root in sweep(CACHE_DIR, time.time()):
+        _say(2, f"exec marker {name} removed: no container {name} in {root}")
+
+
 def _stop(*_) -> None:
     raise SystemExit(0)
 
@@ -685,6 +697,8 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     gc.freeze()  # the workers share the imported modules' pages instead of copying them
     ups = {} if slots is None else {slots.fds[k][1]: k for k in range(SLOTS)}
+    sweep_markers()
+    swept = time.monotonic()
     try:
         for _ in range(limits.workers):
             pool.spawn()
@@ -717,6 +731,9 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
             pool.tend()
             pool.dispatch()
             pool.sweep()
+            if time.monotonic() - swept >= limits.marker_sweep:
+                sweep_markers()
+                swept = time.monotonic()
     finally:
         if file_identity(path) == identity:
             try:
@@ -808,13 +825,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds an extra worker may idle (default %(default)g)")  # fmt: skip
     parser.add_argument("--call-timeout", type=float, default=default.call_timeout,
                         help="seconds a call may run (default %(default)g)")  # fmt: skip
+    parser.add_argument("--marker-sweep", type=float, default=default.marker_sweep,
+                        help="seconds between sweeps of the exec markers of containers "
+                        "that are gone (default %(default)g)")  # fmt: skip
     opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not 1 <= opts.workers <= opts.max_workers:
         parser.error(f"--workers {opts.workers}: must be 1 to --max-workers ({opts.max_workers})")
-    for name in ("idle_timeout", "call_timeout"):
+    for name in ("idle_timeout", "call_timeout", "marker_sweep"):
         if not getattr(opts, name) > 0:
             parser.error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be above 0")
-    limits = Limits(opts.workers, opts.max_workers, opts.idle_timeout, opts.call_timeout)
+    limits = Limits(
+        opts.workers, opts.max_workers, opts.idle_timeout, opts.call_timeout, opts.marker_sweep
+    )
     try:
         serve(os.path.join(CACHE_DIR, DAEMON_SOCKET), opts.verbose, limits)
     except NvshimError as err:

@@ -20,7 +20,9 @@ the global flags (runc's table, from ``nvshim.runtime.args``) up to the command 
   removes the marker (``rm``) once it deleted the container; other deletes are exec'd;
 - anything else: execs the low-level runtime named in nvshim's cache (written by Python,
   ``nvshim.runtime.passthrough``, with the trigger words of the configuration); on a
-  cache miss Python resolves it.
+  cache miss Python resolves it. A ``PATH`` with a relative entry never has a runtime
+  in the cache (the look-up depends on the directory): such calls start Python, but a
+  create or run that may ask for a GPU still goes to a slot.
 
 Whatever it cannot classify (an unknown flag, ``--flag=BOOL`` forms, two bundle flags, not
 exactly one container id, an odd id, no grep at ``/usr/bin/grep`` or ``/bin/grep``, a
@@ -286,14 +288,16 @@ rt= t=
     [ "$p" = "${{PATH-}}" ] && {{ rt=$r; break; }}
   done
 }} <"$f"
-[ "$l1" = {sh_quote(f"nvshim {__version__}")} ] && [ "$l2" = "$cfg" ] && [ -n "$rt" ] \\
-  && [ -f "$rt" ] && [ -x "$rt" ] || py "$@"
+[ "$l1" = {sh_quote(f"nvshim {__version__}")} ] && [ "$l2" = "$cfg" ] || py "$@"
+# only an absolute runtime: a PATH with a relative entry has no pair (passthrough.fixed)
+case $rt in /*) [ -f "$rt" ] && [ -x "$rt" ] || rt= ;; *) rt= ;; esac
 if [ -e "$cfg" ]; then
   [ "$l3" = present ] && [ "$f" -nt "$cfg" ] || py "$@"
 else
   [ "$l3" = missing ] || py "$@"
 fi
 [ -n "$j" ] || {{
+  [ -n "$rt" ] || py "$@"
   [ -z "$h" ] && [ "$v" ] && printf '%s\\n' {sh_quote(f"nvshim-runtime version {__version__}")}
   [ -n "$mk" ] || exec "$rt" "$@"
   "$rt" "$@"
@@ -319,6 +323,6 @@ gpu() {{
 }}
 {served}gpu "$j" && {{ {ask}; }}
 # a stale marker (a deleted container's, not removed): Python drops it
-[ -z "$mk" ] || py "$@"
+[ -z "$mk" ] && [ -n "$rt" ] || py "$@"
 exec "$rt" "$@"
 """

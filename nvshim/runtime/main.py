@@ -57,7 +57,9 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
             from nvshim.runtime.passthrough import resolve
 
             bundle = args.bundle or os.getcwd()
-            prepared = prepare_bundle(bundle, args.container_id, args.action == "create")
+            prepared = prepare_bundle(
+                bundle, args.container_id, args.action == "create", args.globals.get("root")
+            )
             runtime = resolve(prepared.config)
             if prepared.steps:
                 from nvshim.runtime.finish import create_and_finish

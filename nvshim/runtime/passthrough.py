@@ -10,7 +10,7 @@ The cache file (``runtime-front`` in the cache directory)::
     TRIGGER                     one a line, at least one: nvshim.policy.request_triggers
     ...
     (an empty line)
-    PATH                        a caller's PATH
+    PATH                        a caller's PATH (absolute entries only)
     RUNTIME                     the runtime resolved with it (up to MAX_PATHS pairs)
     ...
 
@@ -18,6 +18,12 @@ The front uses it only when it is a regular file owned by the caller, every line
 its own call, the runtime is still executable and the file is newer than the
 configuration file (a config edit misses the cache until Python writes it again). Python
 writes it only when no value holds a newline, and only when it is not current already.
+
+The entry is keyed by ``PATH``, not by working directory, so it never holds a pair whose
+look-up depended on the directory (``fixed``): a ``PATH`` with a relative entry (or one
+that leads to a relative runtime) is resolved by Python on every call, as in every
+directory the look-up then finds what ``find_runtime`` finds there; the front takes only
+an absolute runtime from the file.
 """
 
 from __future__ import annotations
@@ -82,6 +88,12 @@ def _trusted_pairs(entry: str, head: list[str], config_mtime: int | None):
     return _pairs(lines[len(head) :]), settled
 
 
+def fixed(path: str, runtime: str) -> bool:
+    """Whether the runtime found with ``path`` is the same in every working directory:
+    an absolute runtime, and no relative entry in ``path`` (an empty one is skipped)."""
+    return runtime.startswith("/") and all(d.startswith("/") for d in path.split(":") if d)
+
+
 def resolve_and_remember() -> str:
     """Resolve the low-level runtime from the configuration and bring the front's cache up
     to date (unless the configuration changed meanwhile). Raises NvshimError when none is
@@ -102,10 +114,12 @@ def resolve_and_remember() -> str:
         return runtime
     entry = entry_file()
     pairs, settled = _trusted_pairs(entry, head, None if before is None else before[2])
-    if settled and mine in pairs:
+    # one (PATH, runtime) pair per caller's PATH (engines differ), the newest first; none
+    # for a look-up that depends on the directory (the head and triggers still serve)
+    ours = [mine] if fixed(*mine) else []
+    if settled and (mine in pairs or not ours):
         return runtime
-    # one (PATH, runtime) pair per caller's PATH (engines differ), the newest first
-    pairs = [mine, *(p for p in pairs if p[0] != mine[0])][:MAX_PATHS]
+    pairs = [*ours, *(p for p in pairs if p[0] != mine[0] and fixed(*p))][:MAX_PATHS]
     text = "".join(f"{v}\n" for v in head + [v for pair in pairs for v in pair])
     from nvshim.filecache import write_entry
 

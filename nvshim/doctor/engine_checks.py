@@ -176,3 +176,35 @@ def runtime_daemon(ctx: Context):
             "see its log (journalctl -u nvshim-runtimed): a kernel before 5.6, or another nvshim",
         )
     return ok("runtime-daemon", f"nvshim-runtimed (pid {pid}) answers at {path}")
+
+
+@check("exec-markers", "no exec marker outlives its container")
+def exec_markers(ctx: Context):
+    import time
+
+    from nvshim.runtime import MARKER_DIR
+    from nvshim.runtime.markers import MIN_AGE, stale_markers
+    from nvshim.trusted import CACHE_DIR
+
+    directory = os.path.join(CACHE_DIR, MARKER_DIR)
+    stale, unknown = stale_markers(CACHE_DIR, time.time(), MIN_AGE)
+    kept = (
+        f"; {len(unknown)} name no state root (an older nvshim's, or another runtime's):"
+        " they go when their container is deleted through nvshim-runtime, or at reboot"
+        if unknown
+        else ""
+    )
+    if stale:
+        names = " ".join(os.path.join(directory, name) for name, _, _ in stale[:5])
+        more = " ..." if len(stale) > 5 else ""
+        return warn(
+            "exec-markers",
+            f"{len(stale)} exec marker(s) in {directory} outlived their container"
+            f" (e.g. {stale[0][0]}: no {os.path.join(stale[0][1], stale[0][0])}){kept}",
+            f"start nvshim-runtimed (it removes them), or rm -f -- {names}{more}",
+        )
+    try:
+        count = sum(1 for _ in os.scandir(directory))
+    except OSError:
+        count = 0
+    return ok("exec-markers", f"{count} exec marker(s) in {directory}, none stale{kept}")

@@ -117,7 +117,7 @@ def resolve_and_remember() -> str:
     # one (PATH, runtime) pair per caller's PATH (engines differ), the newest first; none
     # for a look-up that depends on the directory (the head and triggers still serve)
     ours = [mine] if fixed(*mine) else []
-    if settled and (mine in pairs or not ours):
+    if settled and (mine in pairs or not ours) and all(fixed(*p) for p in pairs):
         return runtime
     pairs = [*ours, *(p for p in pairs if p[0] != mine[0] and fixed(*p))][:MAX_PATHS]
     text = "".join(f"{v}\n" for v in head + [v for pair in pairs for v in pair])

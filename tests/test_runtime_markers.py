@@ -264,3 +264,31 @@ def test_a_planted_relative_pair_is_not_used(creates, tmp_path):  # noqa: F811
     assert creates.python_starts() == 1  # the front did not take rel/runc from the file
     assert (tmp_path / "which").read_text().split() == ["planted"]  # Python's own look-up
     assert "rel/runc" not in open(entry).read()
+
+
+@pytest.mark.parametrize("path", ["in-process", "daemon"])
+def test_a_delete_that_reaches_python_removes_the_marker(creates, tmp_path, path):  # noqa: F811
+    """With a relative ``PATH`` entry every call starts Python, deletes included: a
+    delete that succeeds removes the marker there too (in-process and through the
+    daemon's socket); one that fails keeps it."""
+    use_runtime(creates, "runc")
+    daemon = serve(creates) if path == "daemon" else None
+    try:
+        bundle, cid = bundle_for(creates, f"py-delete-{path}")
+        assert create(creates, bundle, cid).returncode == 0, creates.output(cid)
+        assert os.path.exists(marker(creates, cid))
+        starts = creates.python_starts()
+        relative = f"rel:{os.path.dirname(RUNC)}"
+        proc = front(creates, "delete", "--force", cid, path=relative, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert creates.state(cid) is None and not os.path.exists(marker(creates, cid))
+        assert creates.python_starts() == starts + 1
+        stale = plant(creates, "no-such-container", f"{creates.root}\n".encode())
+        proc = front(creates, "delete", "no-such-container", path=relative, cwd=tmp_path)
+        assert proc.returncode == 1 and "does not exist" in proc.stderr
+        assert os.path.exists(stale)
+        if daemon is not None:
+            assert [c for c in daemon.served() if " delete " in f" {c} "] != []
+    finally:
+        if daemon is not None:
+            assert daemon.stop() == 0

@@ -76,6 +76,13 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
             elif args.action == "version":
                 sys.stdout.write(f"{TOOL} version {__version__}\n")
                 sys.stdout.flush()
+            elif args.command == "delete" and args.action == "other":
+                from nvshim.runtime.markers import delete_unmarking
+                from nvshim.trusted import CACHE_DIR
+
+                status = delete_unmarking(CACHE_DIR, runtime, argv, args.command_index, lowlevel)
+                if status is not None:
+                    return status
     except Exception as err:  # noqa: BLE001 - every failure must be one line, never a traceback
         from nvshim.errors import one_line
 

@@ -107,7 +107,13 @@ class Node:
         return self.base / "hooks"
 
     def nvshim(self, *args: str, config: Path | None = None) -> subprocess.CompletedProcess:
-        return run_nvshim(*args, env={"NVSHIM_CONFIG": str(config or self.config)})
+        # a cache dir of its own: exec markers other tests left are not this node's
+        env = {"NVSHIM_CONFIG": str(config or self.config), "NVSHIM_CACHE_DIR": self.cache}
+        return run_nvshim(*args, env=env)
+
+    @property
+    def cache(self) -> str:
+        return str(self.base / "cache")
 
     def doctor(
         self,

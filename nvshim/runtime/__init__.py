@@ -7,7 +7,7 @@ DEFAULT_RUNTIMES = ("runc", "crun")
 DEFAULT_CONFIG = "/etc/nvshim/config.toml"  # $NVSHIM_CONFIG names another
 FRONT_CACHE = "runtime-front"  # the low-level runtime, for the sh front (passthrough.py)
 DAEMON_SOCKET = "runtime.sock"  # nvshim-runtimed listens here, in the cache dir (daemon.py)
-MARKER_DIR = "exec"  # one empty file per container id nvshim prepared (create.py)
+MARKER_DIR = "exec"  # one file per container id nvshim prepared (markers.py)
 
 
 def exit_status(status: int) -> int:

@@ -6,7 +6,8 @@ classify; everything else it execs into the low-level runtime itself. Those call
 
 Here the command line is parsed exactly as runc parses it (``nvshim.runtime.args``):
 a well-formed create/run gets its bundle edited, an exec of a prepared container gets
-the enforced variables, and every call then execs the low-level runtime.
+the enforced variables, and every call then execs the low-level runtime (a delete of a
+prepared container runs it as a child, then drops its exec marker).
 """
 
 from __future__ import annotations

@@ -295,3 +295,28 @@ def test_crio_config_source_command_reads_crio_status_config(tmp_path, capsys, m
     assert code == 0, err
     table = tomllib.loads(dropin.read_text())["crio"]["runtime"]["runtimes"]["nvshim"]
     assert table["runtime_root"] == "/file"
+
+
+def test_what_a_v1_default_runtime_cannot_carry_over_is_named(tmp_path, capsys):
+    """A v1.linux default runtime's runc binary, options without a runc v2 equivalent and
+    the v1 plugin's shim settings are each named in a warning; what has an equivalent is
+    carried over (the corpus cases hold the exact bytes)."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+        '  default_runtime_name = "runc"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        '  runtime_type = "io.containerd.runtime.v1.linux"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+        '  Runtime = "/opt/bin/runc-custom"\n  RuntimeRoot = "/run/v1-root"\n'
+        '  Root = "/run/ignored-by-v1"\n  NoPivotRoot = true\n  Terminal = true\n'
+        '[plugins."io.containerd.runtime.v1.linux"]\n  shim_debug = true\n'
+    )
+    code, out, err = run_cli(capsys, "configure", *ctd(config))
+    assert code == 0, err
+    assert "runs /opt/bin/runc-custom: nvshim-runtime runs the low-level runtime" in out
+    assert "io.containerd.runtime.v1.linux options Terminal have no io.containerd.runc.v2" in out
+    assert "shim_debug of the io.containerd.runtime.v1.linux plugin have no" in out
+    options = runtime(config)["options"]
+    assert options == {"BinaryName": "/usr/bin/nvshim-runtime", "Root": "/run/v1-root",
+                       "NoPivotRoot": True}  # fmt: skip

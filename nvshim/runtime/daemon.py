@@ -672,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         "($NVSHIM_CACHE_DIR/... when set), where nvshim-runtime looks",
     )
     default = Limits()
+    parser.add_argument("--version", action="version", version=f"{TOOL} version {__version__}")
     parser.add_argument("--verbose", action="store_true", help="one line per call on stderr")
     parser.add_argument("--workers", type=int, default=default.workers,
                         help="workers kept ready (default %(default)s)")  # fmt: skip

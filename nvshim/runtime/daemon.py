@@ -45,7 +45,7 @@ from nvshim import __version__
 from nvshim.errors import NvshimError, one_line
 from nvshim.fsutil import file_identity
 from nvshim.record import field, record
-from nvshim.runtime import DAEMON_SOCKET, wire
+from nvshim.runtime import DAEMON_SOCKET, fault_point, wire
 from nvshim.runtime.main import LowLevel, run
 from nvshim.runtime.slots import (
     ACCEPTED,
@@ -311,6 +311,7 @@ def _serve(argv, environ, fds, remote, log_fd: int, verbose: bool, start) -> Non
             code = code or 1
     if code is not None:
         served()
+        fault_point("answer")
         remote.exit(code)
 
 

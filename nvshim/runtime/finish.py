@@ -15,6 +15,7 @@ import os
 
 from nvshim.errors import NvshimError, one_line
 from nvshim.record import replace
+from nvshim.runtime import fault_point
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ def create_and_finish(
         if early is not None:
             raise early
         pid = container_pid(runtime, args, argv)
+        fault_point("finish")
         run_steps(pid, prepared.rootfs, prepared.steps, ctx, pivoted=True)
     except Exception as err:  # noqa: BLE001 - one logged line, then the create fails
         from nvshim.log import log_decision

@@ -31,7 +31,8 @@ from nvshim.ldcache import LdCacheError, parse_ld_cache
 HOST_LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
 CACHE = "/etc/ld.so.cache"
 CONF = "/etc/ld.so.conf"
-CONF_FILE = "/etc/ld.so.conf.d/00-nvshim.conf"
+CONF_DIR = "/etc/ld.so.conf.d"
+CONF_FILE = f"{CONF_DIR}/00-nvshim.conf"
 MAX_CACHE_BYTES = 64 << 20
 LDCONFIG_ENV = {"LC_ALL": "C"}
 LDCONFIG_TIMEOUT = 60.0
@@ -258,11 +259,33 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         root.create_exclusive(CONF, b"include /etc/ld.so.conf.d/*.conf\n")
     except (OSError, RootPathError) as err:
         raise NvshimError(f"{CONF_FILE} in the container root: cannot write: {err}") from None
+    refuse_special_confs(root)
     started = time.perf_counter()
     run_ldconfig(root, ldconfig_fd, folders)
     fields["ldconfig_ms"] = round((time.perf_counter() - started) * 1000, 2)
     fields["ldcache"] = "updated"
     return fields
+
+
+def refuse_special_confs(root: RootFS) -> None:
+    """Raise NvshimError when ``/etc/ld.so.conf`` or an entry of ``/etc/ld.so.conf.d``
+    in the root is not a regular file or directory: ldconfig's open of a FIFO there
+    would block until its timeout, holding the caller (and a daemon worker) meanwhile.
+    Looked at through ``O_PATH``, which never blocks."""
+    names = [CONF] + [f"{CONF_DIR}/{n}" for n in root.listdir(CONF_DIR) or ()]
+    for path in names:
+        try:
+            fd = root.open(path, os.O_PATH)
+        except OSError:
+            continue  # absent or unreachable: ldconfig finds nothing there either
+        try:
+            mode = os.fstat(fd).st_mode
+        finally:
+            os.close(fd)
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise NvshimError(
+                f"{path} in the container root: not a regular file, ld cache not updated"
+            )
 
 
 def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:

@@ -44,6 +44,9 @@ from nvshim.runtime.main import LowLevel
 SLOTS = 128
 REPLY_FD = 5  # where the front holds K.r while it talks (checked by the worker)
 ACCEPTED, DECLINED, LOST, EXEC, SPAWN, EXIT, DONE = "a", "f", "l", "x", "s", "e", "d"
+GO, NO, TIMEOUT = "y", "n", "t"  # front -> worker after "a"; the front's watchdog's line
+ACK_WAIT = 2  # whole seconds (POSIX sleep) the front waits for the first answer
+GO_WAIT = 10.0  # seconds a worker waits for the front's "y" after its "a"
 STALE_CLAIM = 10.0  # seconds a claim may wait for its request before its pid is checked
 DONE_WAIT = 2.0  # seconds a worker waits for the front's ``d`` before leaving it to the parent
 _PIDFD_GETFD = 438  # the same number on every architecture (Linux 5.6)
@@ -195,7 +198,7 @@ class Caller:
     def _take(self, slots: Slots, k: int, pid: int, nargs: int, decline_reason) -> None:
         if file_identity(f"/proc/{pid}/fd/{REPLY_FD}") != slots.replies[k]:
             raise Declined(f"pid {pid} does not hold slot {k}")
-        why = decline_reason(pid)
+        why, self.umask = decline_reason(pid)
         if why is not None:
             raise Declined(why)
         try:
@@ -236,9 +239,11 @@ class SlotRemote(LowLevel):
         self.waited = 0.0
 
     def _runtime(self, runtime: str, argv: list[str], keep) -> str:
+        """``runtime`` as the front runs it: a relative path (found through a relative
+        ``PATH`` entry) starts with ``./``, and resolves in the caller's directory."""
         if list(argv) != self.argv or keep or "\n" in runtime:
             raise NvshimError("nvshim-runtimed: a slot can only run the call as it came")
-        return runtime
+        return runtime if runtime.startswith("/") else f"./{runtime}"
 
     def exec(self, runtime: str, argv: list[str], keep: list[int] = ()) -> None:
         runtime = self._runtime(runtime, argv, keep)

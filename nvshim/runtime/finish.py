@@ -128,6 +128,7 @@ def create_and_finish(
     from nvshim.hook.steps import Context, prepare_steps, run_steps
 
     ctx = Context(prepared.config)
+    status = 0
     try:
         early = None
         try:  # the host halves and imports while runc works: off the wall-clock path
@@ -135,6 +136,8 @@ def create_and_finish(
         except Exception as err:  # noqa: BLE001 - raised once runc is done
             early = err
         status = lowlevel.wait()
+        if status > 128:  # killed: it said nothing, and may have created the container
+            raise NvshimError(f"{runtime} was killed by signal {status - 128}")
         if status != 0:
             return status  # runc said why; nothing was created
         if early is not None:
@@ -147,7 +150,10 @@ def create_and_finish(
 
         message = one_line(err)
         spawn_quiet(runtime, delete)
-        error = NvshimError(f"finishing steps failed, container deleted: {message}")
+        if status > 128:
+            error = NvshimError(f"{message}, container deleted")
+        else:
+            error = NvshimError(f"finishing steps failed, container deleted: {message}")
         log_decision(
             prepared.config,
             TOOL,
@@ -155,7 +161,7 @@ def create_and_finish(
             error=error,
             echo=False,
             annotations=prepared.annotations,
-            step="finish",
+            step="finish" if status <= 128 else "create",
         )
         raise error from None
     finally:

@@ -1,0 +1,303 @@
+"""kill -9 at every step of a GPU create and of a delete, a full cache file system and an
+unwritable log: with real runc, the real sh front and a real nvshim-runtimed.
+
+The create is stopped at a precise step by real mechanisms: the low-level runtime is a
+runc wrapper that stops itself (SIGSTOP) before or after running runc, and nvshim's own
+steps stop at ``nvshim.runtime.fault_point`` (armed by ``NVSHIM_TEST_PAUSE`` in the
+environment the daemon, or the in-process runtime, started with). The test then kills
+one process with SIGKILL (the front, the worker serving the call, the daemon's parent or
+runc) and lets the stopped one go on. After each fault:
+
+- the engine's call succeeded, or failed with one line (or, its own process killed, the
+  engine's ``delete --force`` cleans up as containerd's does);
+- ``config.json`` is the original or the fully edited one, never half-written;
+- runc lists what the engine expects: the container created and fully prepared after a
+  success, nothing after a failure;
+- no slot stays claimed, and the daemon (restarted as systemd would, when its parent was
+  killed) serves the next GPU create.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.podman_util import make_busybox_rootfs
+from tests.runc_util import daemon_calls, make_bundle, start_daemon
+from tests.test_runtime_finish import CONF, LIBDIR, RUNC, Creates
+
+GPU = {"NVIDIA_VISIBLE_DEVICES": "0"}
+# the wrapper: `create`/`delete` stop before or after runc when $FAULTS/stop-CMD-WHEN
+# exists (removed: once); its pid goes to $FAULTS/stopped-CMD-WHEN
+WRAPPER = """#!/bin/sh
+d={faults}
+cmd=
+for a do case $a in create|delete|run) cmd=$a; break ;; esac; done
+stop() {{
+  [ -n "$cmd" ] && rm "$d/stop-$cmd-$1" 2>/dev/null || return 0
+  echo $$ >"$d/stopped-$cmd-$1.tmp" && mv "$d/stopped-$cmd-$1.tmp" "$d/stopped-$cmd-$1"
+  kill -STOP $$
+}}
+stop before
+{runc} "$@"
+rc=$?
+stop after
+exit $rc
+"""
+# nvshim's own steps (nvshim.runtime.fault_point) and the wrapper's, in a create's order
+STEPS = ("rewrite", "runc-before", "runc-after", "finish", "answer")
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].startswith(" Z")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _until(what, timeout: float = 30.0, message: str = ""):
+    deadline = time.monotonic() + timeout
+    while not (found := what()):
+        assert time.monotonic() < deadline, message or f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return found
+
+
+class Faults(Creates):
+    """``Creates`` whose low-level runtime is the stopping wrapper, on a cache dir of its
+    own, with or without nvshim-runtimed (``mode``: ``in-process``, ``socket`` or
+    ``slot``, how the daemon gets the call)."""
+
+    def __init__(self, sim, tmp_path: Path, mode: str) -> None:
+        cache = tmp_path / "cache"
+        cache.mkdir(mode=0o700)
+        super().__init__(sim, tmp_path, cache_dir=str(cache))
+        self.mode = mode
+        self.faults = tmp_path / "faults"
+        self.faults.mkdir()
+        self.wrapper = tmp_path / "runc-wrapper"
+        self.wrapper.write_text(WRAPPER.format(faults=self.faults, runc=RUNC))
+        self.wrapper.chmod(0o755)
+        text = Path(self.config).read_text()
+        Path(self.config).write_text(
+            text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{self.wrapper}"]\n', 1)
+        )
+        self.rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+        self.pause = f"{self.faults}:rewrite,finish,answer"
+        self.count = 0
+        self.disarm()
+        if mode != "in-process":
+            self.start_daemon()
+
+    def start_daemon(self) -> None:
+        self.daemon_log = self.tmp / f"nvshim-runtimed-{self.count}.log"
+        env = {**self.env(), "NVSHIM_TEST_PAUSE": self.pause}
+        self.daemon = start_daemon(self.bin_dir, env, self.daemon_log, "--verbose",
+                                   "--workers", "1")  # fmt: skip
+
+    def call_env(self) -> dict[str, str]:
+        env = self.env()
+        if self.mode == "in-process":
+            env["NVSHIM_TEST_PAUSE"] = self.pause
+        return env
+
+    def bundle(self, cid: str) -> tuple[str, bytes]:
+        show = ["/bin/sh", "-c", f"readlink {LIBDIR}/libcuda.so.1; cat {CONF}"]
+        bundle = make_bundle(self.tmp, self.rootfs, show, env=GPU, name=cid)
+        return bundle, Path(bundle, "config.json").read_bytes()
+
+    def start_create(self, cid: str, bundle: str) -> subprocess.Popen:
+        """``create`` as containerd's shim calls it (a pid file; the bundle as its cwd)."""
+        if self.mode == "socket":  # a cold front cache: the front starts the client
+            Path(self.cache_dir, "runtime-front").unlink(missing_ok=True)
+        self.ids.append(cid)
+        argv = [self.runtime, "--root", self.root, "create", "--bundle", bundle,
+                "--pid-file", os.path.join(bundle, "pid"), cid]  # fmt: skip
+        out = open(self.tmp / f"{cid}.out", "w")
+        err = open(self.tmp / f"{cid}.err", "w")
+        with out, err:
+            return subprocess.Popen(argv, env=self.call_env(), cwd=bundle,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err)  # fmt: skip
+
+    def stopped_at(self, step: str) -> int:
+        """Arm ``step``; the pid of the process stopped there (once it is)."""
+        name = f"stopped-create-{step[5:]}" if step.startswith("runc-") else step
+        path = self.faults / name
+        pid = int(_until(lambda: path.exists() and path.read_text().strip(),
+                         message=f"the create never reached {step}"))  # fmt: skip
+        _until(lambda: _stopped(pid), message=f"pid {pid} did not stop at {step}")
+        return pid
+
+    def arm(self, step: str) -> None:
+        for name in ("rewrite", "finish", "answer"):  # fault points pass once disarmed
+            (self.faults / name).write_text("disarmed\n")
+        if step.startswith("runc-"):
+            (self.faults / f"stop-create-{step[5:]}").write_text("")
+        else:
+            (self.faults / step).unlink()
+
+    def disarm(self) -> None:
+        for name in ("rewrite", "finish", "answer"):
+            (self.faults / name).write_text("disarmed\n")
+        for stop in self.faults.glob("stop-*"):
+            stop.unlink()
+
+    def worker(self, bundle: str) -> int:
+        """The daemon's worker serving the call (it took on the call's cwd, the bundle)."""
+        busy = [p for p in _children(self.daemon.pid)
+                if os.path.realpath(f"/proc/{p}/cwd") == os.path.realpath(bundle)]  # fmt: skip
+        assert len(busy) == 1, (busy, _children(self.daemon.pid))
+        return busy[0]
+
+    def prepared(self, cid: str) -> bool:
+        """Whether runc's created container ``cid`` has what the finishing steps give."""
+        state = self.state(cid)
+        assert state is not None and state["status"] == "created", state
+        inside = f"/proc/{state['pid']}/root"
+        try:
+            link = os.readlink(f"{inside}{LIBDIR}/libcuda.so.1")
+            conf = Path(f"{inside}{CONF}").read_text().splitlines()
+        except OSError:
+            return False
+        return link.startswith("libcuda.so.") and conf[-1:] == [LIBDIR]
+
+    def claims(self) -> list[str]:
+        return sorted(str(p.relative_to(self.cache_dir)) for p in
+                      Path(self.cache_dir).glob("runtimed.*/*.c"))  # fmt: skip
+
+    def wrappers(self) -> list[int]:
+        """Live processes of the wrapper (a stopped runc the test must not leave)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    cmd = (entry / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if str(self.wrapper).encode() in cmd[:2] and _alive(int(entry.name)):
+                    found.append(int(entry.name))
+        return found
+
+
+@pytest.fixture
+def faults(request, sim_hosts, tmp_path):
+    f = Faults(sim_hosts("single"), tmp_path, request.param)
+    yield f
+    f.disarm()
+    for pid in f.wrappers():
+        os.kill(pid, signal.SIGKILL)
+    if f.daemon is not None and f.daemon.poll() is None:
+        f.daemon.terminate()
+        f.daemon.wait(timeout=60)
+    for cid in f.ids:
+        subprocess.run([RUNC, "--root", f.root, "delete", "--force", cid], capture_output=True)
+
+
+def _cases():
+    for mode in ("in-process", "socket", "slot"):
+        for step in STEPS:
+            for victim in ("front", "worker", "parent", "runc"):
+                daemon_only = victim in ("worker", "parent") or step == "answer"
+                if mode == "in-process" and daemon_only:
+                    continue
+                if victim == "runc" and not step.startswith("runc-"):
+                    continue  # runc runs only between those two
+                yield pytest.param(mode, step, victim, id=f"{mode}-{step}-{victim}")
+
+
+def _one_line(text: str) -> str:
+    lines = text.splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def _check_next_create(f: Faults, n: int, served: bool = True) -> None:
+    """The next GPU create succeeds, fully prepared, and (``served``) the daemon serves it."""
+    f.disarm()
+    cid = f"next-{os.getpid()}-{n}"
+    bundle, _ = f.bundle(cid)
+    proc = f.start_create(cid, bundle)
+    assert proc.wait(timeout=60) == 0, (f.tmp / f"{cid}.err").read_text()
+    assert f.prepared(cid)
+    if served and f.mode != "in-process":
+        calls = [c for c in daemon_calls(f.daemon_log) if f" {cid} " in f" {c} "]
+        assert calls, Path(f.daemon_log).read_text()
+    subprocess.run([RUNC, "--root", f.root, "delete", "--force", cid], check=True)
+
+
+@pytest.mark.parametrize("faults, step, victim", list(_cases()), indirect=["faults"])
+def test_kill_at_each_step_of_a_create(faults, step, victim):
+    f = faults
+    if f.mode == "slot":  # the front's cache, warm: the next create comes by slot
+        assert f.call("list", capture_output=True).returncode == 0
+    cid = f"fault-{os.getpid()}"
+    bundle, original = f.bundle(cid)
+    f.arm(step)
+    proc = f.start_create(cid, bundle)
+    paused = f.stopped_at(step)
+    pids = {"front": proc.pid, "runc": paused if step.startswith("runc-") else None}
+    if f.mode != "in-process":
+        pids["parent"] = f.daemon.pid
+        pids["worker"] = f.worker(bundle)
+    else:
+        assert paused in (proc.pid, *_children(proc.pid))
+    os.kill(pids[victim], signal.SIGKILL)
+    if victim == "parent":
+        f.daemon.wait(timeout=30)
+    if paused != pids[victim]:
+        os.kill(paused, signal.SIGCONT)
+    status = proc.wait(timeout=90)
+    _until(lambda: not f.wrappers(), message="runc still runs")
+    err = (f.tmp / f"{cid}.err").read_text()
+    # the engine's view
+    if victim == "front":
+        assert status == -signal.SIGKILL
+        # containerd deletes what a failed create may have left, through the runtime
+        delete = f.call("delete", "--force", cid, capture_output=True, text=True)
+        assert delete.returncode == 0 or "does not exist" in delete.stderr, delete.stderr
+        # a worker still busy with the call finishes it: then nothing is left
+        _until(lambda: f.state(cid) is None, message="the container outlived its delete")
+    elif status == 0:
+        assert err == ""
+        assert f.prepared(cid), "created but not prepared"
+    else:
+        line = _one_line(err)
+        assert line.startswith("nvshim-runtime: error: "), line
+        if victim == "runc":  # it said nothing: nvshim says it (no shell "Killed" line)
+            assert line.endswith(f"{f.wrapper} was killed by signal 9, container deleted"), line
+        _until(lambda: f.state(cid) is None, 10, "a failed create left its container")
+    # config.json: the original, or the edited one, never half-written
+    text = Path(bundle, "config.json").read_bytes()
+    assert text == original or "nvshim.io/injected" in json.loads(text)["annotations"]
+    # no claim outlives its front (the parent frees them; a new parent starts afresh)
+    if f.mode != "in-process":
+        if victim == "parent":
+            assert f.daemon.poll() is not None
+            _check_next_create(f, 1, served=False)  # no daemon: done in-process
+            f.count += 1
+            f.start_daemon()  # as systemd restarts it
+        _until(lambda: not f.claims(), 15, f"claims left: {f.claims()}")
+    _check_next_create(f, 2)
+    if f.mode != "in-process":
+        assert not f.claims()

@@ -19,8 +19,10 @@ runc) and lets the stopped one go on. After each fault:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -91,7 +93,7 @@ class Faults(Creates):
 
     def __init__(self, sim, tmp_path: Path, mode: str) -> None:
         cache = tmp_path / "cache"
-        cache.mkdir(mode=0o700)
+        cache.mkdir(mode=0o700, exist_ok=True)  # a tmpfs may be mounted there
         super().__init__(sim, tmp_path, cache_dir=str(cache))
         self.mode = mode
         self.faults = tmp_path / "faults"
@@ -110,8 +112,8 @@ class Faults(Creates):
         if mode != "in-process":
             self.start_daemon()
 
-    def start_daemon(self) -> None:
-        self.daemon_log = self.tmp / f"nvshim-runtimed-{self.count}.log"
+    def start_daemon(self, log: Path | None = None) -> None:
+        self.daemon_log = log or self.tmp / f"nvshim-runtimed-{self.count}.log"
         env = {**self.env(), "NVSHIM_TEST_PAUSE": self.pause}
         self.daemon = start_daemon(self.bin_dir, env, self.daemon_log, "--verbose",
                                    "--workers", "1")  # fmt: skip
@@ -301,3 +303,192 @@ def test_kill_at_each_step_of_a_create(faults, step, victim):
     _check_next_create(f, 2)
     if f.mode != "in-process":
         assert not f.claims()
+
+
+def _marker(f: Faults, cid: str) -> Path:
+    return Path(f.cache_dir, "exec", cid)
+
+
+@pytest.mark.parametrize("faults", ["slot"], indirect=True)
+@pytest.mark.parametrize("step, victim", [(s, v) for s in ("runc-before", "runc-after")
+                                          for v in ("front", "runc", "parent")])  # fmt: skip
+def test_kill_at_each_step_of_a_delete(faults, step, victim):
+    """A prepared GPU container's ``delete`` (the front runs runc, then drops the exec
+    marker): whatever is killed, the engine's retry (``delete --force``, as containerd's
+    shim does) leaves neither the container nor its marker, and the daemon serves on."""
+    f = faults
+    assert f.call("list", capture_output=True).returncode == 0
+    cid = f"gone-{os.getpid()}"
+    bundle, _ = f.bundle(cid)
+    f.ids.append(cid)
+    assert f.start_create(cid, bundle).wait(timeout=60) == 0
+    assert f.prepared(cid) and _marker(f, cid).exists()
+    (f.faults / f"stop-delete-{step[5:]}").write_text("")
+    err = f.tmp / f"{cid}.delete.err"
+    with open(err, "w") as fh:
+        proc = subprocess.Popen([f.runtime, "--root", f.root, "delete", cid], env=f.env(),
+                                stdin=subprocess.DEVNULL, stdout=fh, stderr=fh)  # fmt: skip
+    path = f.faults / f"stopped-delete-{step[5:]}"
+    paused = int(_until(lambda: path.exists() and path.read_text().strip()))
+    _until(lambda: _stopped(paused))
+    pids = {"front": proc.pid, "runc": paused, "parent": f.daemon.pid}
+    os.kill(pids[victim], signal.SIGKILL)
+    if paused != pids[victim]:
+        os.kill(paused, signal.SIGCONT)
+    status = proc.wait(timeout=60)
+    _until(lambda: not f.wrappers(), message="runc still runs")
+    if status not in (0, -signal.SIGKILL):
+        assert len(err.read_text().splitlines()) <= 1, err.read_text()
+    retry = f.call("delete", "--force", cid, capture_output=True, text=True)
+    assert retry.returncode == 0 or "does not exist" in retry.stderr, retry.stderr
+    assert f.state(cid) is None
+    assert not _marker(f, cid).exists(), "the exec marker outlived its container"
+    if victim == "parent":
+        f.daemon.wait(timeout=30)
+        f.count += 1
+        f.start_daemon()
+    _until(lambda: not f.claims(), 15, f"claims left: {f.claims()}")
+    _check_next_create(f, 3)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 1 MiB tmpfs of 400 inodes at ``tmp_path/cache`` (unmounted afterwards); call it
+    to fill it up (every block and inode), again with False to free it."""
+    mount = tmp_path / "cache"
+    mount.mkdir()
+    opts = "size=1m,nr_inodes=400,mode=0700"  # the daemon's slots need 257
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "nvshim-test", str(mount)], check=True)
+    filler = mount / "filler"
+
+    def fill(full: bool = True) -> None:
+        if not full:
+            shutil.rmtree(filler)
+            return
+        filler.mkdir()
+        with open(filler / "blocks", "wb") as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * 65536)
+                    fh.flush()
+            except OSError as err:
+                assert err.errno == errno.ENOSPC
+        for n in range(1000):
+            try:
+                (filler / str(n)).touch()
+            except OSError as err:
+                assert err.errno == errno.ENOSPC
+                break
+        else:
+            raise AssertionError("the tmpfs never ran out of inodes")
+
+    yield fill
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def _refused(f: Faults, cid: str, original: bytes, bundle: str, status: int) -> str:
+    """The create failed cleanly: one line, config.json untouched, no container."""
+    assert status != 0
+    line = _one_line((f.tmp / f"{cid}.err").read_text())
+    assert Path(bundle, "config.json").read_bytes() == original
+    assert f.state(cid) is None
+    return line
+
+
+@pytest.mark.parametrize("faults", ["in-process", "slot"], indirect=True)
+def test_a_full_cache_file_system(tiny_fs, faults):
+    """The cache directory's file system full (ENOSPC, blocks and inodes): a GPU create
+    fails in one line before it changed anything (no exec marker, no enforcement: no
+    GPU), other calls go on, and once there is room again the daemon serves creates."""
+    f = faults
+    assert f.call("list", capture_output=True).returncode == 0  # the front's cache, warm
+    tiny_fs()
+    cid = f"full-{os.getpid()}"
+    bundle, original = f.bundle(cid)
+    line = _refused(f, cid, original, bundle, f.start_create(cid, bundle).wait(timeout=60))
+    assert line.endswith("cannot write the exec marker: No space left on device"), line
+    # a container that asks for no GPU, and runc's other calls, pass through as ever
+    plain = make_bundle(f.tmp, f.rootfs, ["true"], name="plain")
+    f.ids.append("plain")
+    with open(f.tmp / "plain.err", "w") as err:  # the container's init keeps its stdio
+        out = f.call("create", "--bundle", plain, "plain", stdout=err, stderr=err)
+    assert out.returncode == 0 and (f.tmp / "plain.err").read_text() == ""
+    assert f.call("delete", "plain", capture_output=True).returncode == 0
+    if f.mode != "in-process":
+        _until(lambda: not f.claims(), 15, f"claims left: {f.claims()}")
+    tiny_fs(False)
+    _check_next_create(f, 4)
+
+
+def test_a_daemon_on_a_full_cache_file_system_says_why(tiny_fs, sim_hosts, tmp_path):
+    """nvshim-runtimed started on a full cache file system: one line, exit 1, nothing
+    left there; GPU creates are done in-process meanwhile."""
+    tiny_fs()
+    f = Faults(sim_hosts("single"), tmp_path, "in-process")
+    before = sorted(os.listdir(f.cache_dir))
+    proc = subprocess.run([os.path.join(f.bin_dir, "nvshim-runtimed")], env=f.env(),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1
+    line = _one_line(proc.stderr)
+    assert line.startswith("nvshim-runtimed: error: ") and "No space left on device" in line
+    assert sorted(os.listdir(f.cache_dir)) == before
+    tiny_fs(False)
+    _check_next_create(f, 5)
+
+
+@pytest.mark.parametrize("faults", ["in-process", "slot"], indirect=True)
+def test_an_unwritable_log(faults):
+    """nvshim's log unwritable: a GPU create still succeeds, fully prepared (one warning
+    line), and a refused one fails with its own line only."""
+    f = faults
+    blocker = f.tmp / "not-a-dir"
+    blocker.write_text("a file where the log's directory should be\n")
+    text = Path(f.config).read_text().replace(str(f.log), str(blocker / "nvshim.log"))
+    Path(f.config).write_text(text)
+    assert f.call("list", capture_output=True).returncode == 0
+    cid = f"nolog-{os.getpid()}"
+    bundle, _ = f.bundle(cid)
+    assert f.start_create(cid, bundle).wait(timeout=60) == 0
+    assert f.prepared(cid)
+    warning = _one_line((f.tmp / f"{cid}.err").read_text())
+    assert (
+        warning
+        == f"nvshim-runtime: warning: cannot write log {blocker}/nvshim.log: Not a directory"
+    )
+    bad = f"nolog-bad-{os.getpid()}"
+    show = ["true"]
+    bundle = make_bundle(f.tmp, f.rootfs, show, env={"NVIDIA_VISIBLE_DEVICES": "42"}, name=bad)
+    original = Path(bundle, "config.json").read_bytes()
+    line = _refused(f, bad, original, bundle, f.start_create(bad, bundle).wait(timeout=60))
+    assert line.startswith("nvshim-runtime: error: ") and "42" in line, line
+    if f.mode != "in-process":
+        _until(lambda: not f.claims(), 15, f"claims left: {f.claims()}")
+    _check_next_create(f, 6)
+
+
+def test_an_unwritable_daemon_log(sim_hosts, tmp_path):
+    """nvshim-runtimed --verbose whose own log (stderr) cannot be written (/dev/full:
+    ENOSPC): its lines are lost, its calls are not."""
+    f = Faults(sim_hosts("single"), tmp_path, "in-process")
+    f.mode = "slot"
+    with open("/dev/full", "w") as full:
+        f.daemon = subprocess.Popen([os.path.join(f.bin_dir, "nvshim-runtimed"), "--verbose"],
+                                    env=f.env(), stdin=subprocess.DEVNULL, stdout=full,
+                                    stderr=full)  # fmt: skip
+    try:
+        _until(lambda: list(Path(f.cache_dir).glob("runtimed.*/0.r")))
+        assert f.call("list", capture_output=True).returncode == 0
+        for n in range(3):
+            cid = f"mute-{os.getpid()}-{n}"
+            bundle, _ = f.bundle(cid)
+            proc = f.start_create(cid, bundle)
+            assert proc.wait(timeout=60) == 0, (f.tmp / f"{cid}.err").read_text()
+            assert (f.tmp / f"{cid}.err").read_text() == ""
+            assert f.prepared(cid)
+        assert f.daemon.poll() is None
+        _until(lambda: not f.claims(), 15, f"claims left: {f.claims()}")
+    finally:
+        f.daemon.terminate()
+        f.daemon.wait(timeout=60)
+        for cid in f.ids:
+            subprocess.run([RUNC, "--root", f.root, "delete", "--force", cid], capture_output=True)

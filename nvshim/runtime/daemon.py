@@ -357,7 +357,10 @@ def _serve(argv, environ, fds, remote, log_fd: int, verbose: bool, start, umask:
 
 
 def _say(fd: int, line: str) -> None:
-    os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
+    try:
+        os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
+    except OSError:  # a log that cannot be written (full, closed) must not fail calls
+        pass
 
 
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:

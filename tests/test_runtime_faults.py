@@ -228,6 +228,19 @@ def _cases():
                 yield pytest.param(mode, step, victim, id=f"{mode}-{step}-{victim}")
 
 
+def _busy_in(pid: int, bundle: str) -> bool:
+    """Whether process ``pid`` lives and still works in ``bundle`` (a worker has its
+    call's working directory until the call ends)."""
+    try:
+        return os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(bundle) and _alive(pid)
+    except OSError:
+        return False
+
+
+def _marker(f: Faults, cid: str) -> Path:
+    return Path(f.cache_dir, "exec", cid)
+
+
 def _one_line(text: str) -> str:
     lines = text.splitlines()
     assert len(lines) == 1, text
@@ -271,24 +284,27 @@ def test_kill_at_each_step_of_a_create(faults, step, victim):
         os.kill(paused, signal.SIGCONT)
     status = proc.wait(timeout=90)
     _until(lambda: not f.wrappers(), message="runc still runs")
+    if "worker" in pids:  # a worker left without its caller finishes (or drops) the call
+        _until(lambda: not _busy_in(pids["worker"], bundle), message="the worker kept the call")
     err = (f.tmp / f"{cid}.err").read_text()
     # the engine's view
     if victim == "front":
         assert status == -signal.SIGKILL
-        # containerd deletes what a failed create may have left, through the runtime
-        delete = f.call("delete", "--force", cid, capture_output=True, text=True)
-        assert delete.returncode == 0 or "does not exist" in delete.stderr, delete.stderr
-        # a worker still busy with the call finishes it: then nothing is left
-        _until(lambda: f.state(cid) is None, message="the container outlived its delete")
     elif status == 0:
         assert err == ""
         assert f.prepared(cid), "created but not prepared"
+        assert _marker(f, cid).exists()  # an exec of it gets the enforced variables
     else:
         line = _one_line(err)
         assert line.startswith("nvshim-runtime: error: "), line
         if victim == "runc":  # it said nothing: nvshim says it (no shell "Killed" line)
             assert line.endswith(f"{f.wrapper} was killed by signal 9, container deleted"), line
-        _until(lambda: f.state(cid) is None, 10, "a failed create left its container")
+        assert f.state(cid) is None, "a failed create left its container"
+    if status != 0:  # containerd deletes what a failed create may have left, through us
+        delete = f.call("delete", "--force", cid, capture_output=True, text=True)
+        assert delete.returncode == 0 or "does not exist" in delete.stderr, delete.stderr
+        assert f.state(cid) is None, "the container outlived its delete"
+        assert not _marker(f, cid).exists(), "the exec marker outlived its container"
     # config.json: the original, or the edited one, never half-written
     text = Path(bundle, "config.json").read_bytes()
     assert text == original or "nvshim.io/injected" in json.loads(text)["annotations"]
@@ -303,10 +319,6 @@ def test_kill_at_each_step_of_a_create(faults, step, victim):
     _check_next_create(f, 2)
     if f.mode != "in-process":
         assert not f.claims()
-
-
-def _marker(f: Faults, cid: str) -> Path:
-    return Path(f.cache_dir, "exec", cid)
 
 
 @pytest.mark.parametrize("faults", ["slot"], indirect=True)

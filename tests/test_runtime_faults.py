@@ -322,12 +322,13 @@ def test_kill_at_each_step_of_a_create(faults, step, victim):
 
 
 @pytest.mark.parametrize("faults", ["slot"], indirect=True)
-@pytest.mark.parametrize("step, victim", [(s, v) for s in ("runc-before", "runc-after")
-                                          for v in ("front", "runc", "parent")])  # fmt: skip
+@pytest.mark.parametrize("victim", ["front", "runc", "worker", "parent"])
+@pytest.mark.parametrize("step", ["runc-before", "runc-after"])
 def test_kill_at_each_step_of_a_delete(faults, step, victim):
     """A prepared GPU container's ``delete`` (the front runs runc, then drops the exec
-    marker): whatever is killed, the engine's retry (``delete --force``, as containerd's
-    shim does) leaves neither the container nor its marker, and the daemon serves on."""
+    marker; no worker takes part): whatever is killed, the engine's retry (``delete
+    --force``, as containerd's shim does) leaves neither the container nor its marker,
+    and the daemon serves on."""
     f = faults
     assert f.call("list", capture_output=True).returncode == 0
     cid = f"gone-{os.getpid()}"
@@ -343,7 +344,8 @@ def test_kill_at_each_step_of_a_delete(faults, step, victim):
     path = f.faults / f"stopped-delete-{step[5:]}"
     paused = int(_until(lambda: path.exists() and path.read_text().strip()))
     _until(lambda: _stopped(paused))
-    pids = {"front": proc.pid, "runc": paused, "parent": f.daemon.pid}
+    pids = {"front": proc.pid, "runc": paused, "parent": f.daemon.pid,
+            "worker": _children(f.daemon.pid)[0]}  # idle: a delete needs none  # fmt: skip
     os.kill(pids[victim], signal.SIGKILL)
     if paused != pids[victim]:
         os.kill(paused, signal.SIGCONT)

@@ -46,14 +46,24 @@ stop() {{
   echo $$ >"$d/stopped-$cmd-$1.tmp" && mv "$d/stopped-$cmd-$1.tmp" "$d/stopped-$cmd-$1"
   kill -STOP $$
 }}
+r() {{ ( exec 2>&9 9>&-; exec "$@" ); }}  # killed: no "Killed" of this shell's own
 stop before
-{runc} "$@"
+r {runc} "$@" 9>&2 2>/dev/null
 rc=$?
 stop after
 exit $rc
 """
 # nvshim's own steps (nvshim.runtime.fault_point) and the wrapper's, in a create's order
-STEPS = ("rewrite", "runc-before", "runc-after", "finish", "answer")
+STEPS = ("rewrite", "runc-before", "runc-during", "runc-after", "finish", "answer")
+# a createRuntime hook in every bundle: stops runc inside its create when armed
+# ($FAULTS/stop-create-during); runc's pid goes to $FAULTS/runc-during
+HOOK = """#!/bin/sh
+d={faults}
+rm "$d/stop-create-during" 2>/dev/null || exit 0
+echo $PPID >"$d/runc-during"
+echo $$ >"$d/stop.tmp" && mv "$d/stop.tmp" "$d/stopped-create-during"
+kill -STOP $$
+"""
 
 
 def _stopped(pid: int) -> bool:
@@ -101,6 +111,9 @@ class Faults(Creates):
         self.wrapper = tmp_path / "runc-wrapper"
         self.wrapper.write_text(WRAPPER.format(faults=self.faults, runc=RUNC))
         self.wrapper.chmod(0o755)
+        self.hook = tmp_path / "create-runtime-hook"
+        self.hook.write_text(HOOK.format(faults=self.faults))
+        self.hook.chmod(0o755)
         text = Path(self.config).read_text()
         Path(self.config).write_text(
             text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{self.wrapper}"]\n', 1)
@@ -126,7 +139,9 @@ class Faults(Creates):
 
     def bundle(self, cid: str) -> tuple[str, bytes]:
         show = ["/bin/sh", "-c", f"readlink {LIBDIR}/libcuda.so.1; cat {CONF}"]
-        bundle = make_bundle(self.tmp, self.rootfs, show, env=GPU, name=cid)
+        hook = {"path": str(self.hook), "env": ["PATH=/usr/bin:/bin"]}
+        bundle = make_bundle(self.tmp, self.rootfs, show, env=GPU, name=cid,
+                             hooks={"createRuntime": [hook]})  # fmt: skip
         return bundle, Path(bundle, "config.json").read_bytes()
 
     def start_create(self, cid: str, bundle: str) -> subprocess.Popen:
@@ -272,10 +287,12 @@ def test_kill_at_each_step_of_a_create(faults, step, victim):
     proc = f.start_create(cid, bundle)
     paused = f.stopped_at(step)
     pids = {"front": proc.pid, "runc": paused if step.startswith("runc-") else None}
+    if step == "runc-during":  # the hook stopped; runc waits for it
+        pids["runc"] = int((f.faults / "runc-during").read_text())
     if f.mode != "in-process":
         pids["parent"] = f.daemon.pid
         pids["worker"] = f.worker(bundle)
-    else:
+    elif step != "runc-during":
         assert paused in (proc.pid, *_children(proc.pid))
     os.kill(pids[victim], signal.SIGKILL)
     if victim == "parent":
@@ -295,6 +312,9 @@ def test_kill_at_each_step_of_a_create(faults, step, victim):
         assert f.prepared(cid), "created but not prepared"
         assert _marker(f, cid).exists()  # an exec of it gets the enforced variables
     else:
+        if victim == "runc" and step == "runc-during":  # runc init: its parent went; then us
+            assert err.startswith("parent closed synchronisation channel\n"), err
+            err = err.split("\n", 1)[1]
         line = _one_line(err)
         assert line.startswith("nvshim-runtime: error: "), line
         if victim == "runc":  # it said nothing: nvshim says it (no shell "Killed" line)

@@ -464,7 +464,7 @@ def test_containerd_shim_calls_are_served(creates, tmp_path, monkeypatch):
     assert served_by(log)[create].startswith("slot "), served_by(log)
 
 
-def test_a_daemon_that_cannot_listen_says_why_in_one_line(creates, tmp_path):
+def test_a_daemon_that_cannot_make_its_cache_directory_says_why_in_one_line(creates, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
     proc = subprocess.run(
@@ -473,6 +473,6 @@ def test_a_daemon_that_cannot_listen_says_why_in_one_line(creates, tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 1
-    assert proc.stderr == (f"nvshim-runtimed: error: {blocker}/cache/runtime.sock: cannot "
-                           "listen: Not a directory\n")  # fmt: skip
+    assert proc.stderr == (f"nvshim-runtimed: error: {blocker}/cache: cannot check the cache "
+                           "directory: Not a directory\n")  # fmt: skip
     assert blocker.read_text() == "not a directory\n"

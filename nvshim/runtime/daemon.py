@@ -21,9 +21,13 @@ The sh front itself hands it a create or run that may ask for a GPU, through a s
 the slot's request and hands the slot to an idle worker on its control pipe; the worker
 takes the caller on from ``/proc`` and answers in lines, with the same code path.
 
-A request is declined (the client does the call in-process) unless it comes from this
-user, in this process's mount, pid and user namespaces and root, from the same nvshim
-(version and files) with the same cache directory.
+A request is declined (the client does the call in-process, with its own privileges)
+unless it comes from this user, with the capability sets, ``no_new_privs``, seccomp
+mode and LSM label this process had at start, in its mount, pid and user namespaces
+and root, from the same nvshim (version and files) with the same cache directory; and
+at once, when every worker is busy and no more may be added (no call waits for
+another's). A served call runs with the caller's umask. The daemon refuses to start on
+a cache directory another user could change (``check_cache_dir``).
 """
 
 from __future__ import annotations
@@ -636,7 +640,11 @@ def decline_busy(listener: socket.socket, workers: int) -> None:
         return
     with conn:
         _say(2, f"declined: all {workers} workers busy (socket)")
-        try:
+        try:  # the request first: closing with it unread would reset the connection
+            conn.settimeout(1.0)
+            _, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
+            for fd in fds:
+                os.close(fd)
             conn.sendall(wire.pack(wire.DECLINE, b"busy"))
         except OSError:
             pass

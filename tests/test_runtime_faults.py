@@ -55,6 +55,7 @@ exit $rc
 """
 # nvshim's own steps (nvshim.runtime.fault_point) and the wrapper's, in a create's order
 STEPS = ("rewrite", "runc-before", "runc-during", "runc-after", "finish", "answer")
+POINTS = ("rewrite", "finish", "writable", "answer")  # nvshim.runtime.fault_point's
 # a createRuntime hook in every bundle: stops runc inside its create when armed
 # ($FAULTS/stop-create-during); runc's pid goes to $FAULTS/runc-during
 HOOK = """#!/bin/sh
@@ -119,7 +120,8 @@ class Faults(Creates):
             text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{self.wrapper}"]\n', 1)
         )
         self.rootfs = make_busybox_rootfs(tmp_path / "rootfs")
-        self.pause = f"{self.faults}:rewrite,finish,answer"
+        self.pause = f"{self.faults}:{','.join(POINTS)}"
+        self.readonly = False
         self.count = 0
         self.disarm()
         if mode != "in-process":
@@ -141,7 +143,7 @@ class Faults(Creates):
         show = ["/bin/sh", "-c", f"readlink {LIBDIR}/libcuda.so.1; cat {CONF}"]
         hook = {"path": str(self.hook), "env": ["PATH=/usr/bin:/bin"]}
         bundle = make_bundle(self.tmp, self.rootfs, show, env=GPU, name=cid,
-                             hooks={"createRuntime": [hook]})  # fmt: skip
+                             hooks={"createRuntime": [hook]}, readonly=self.readonly)  # fmt: skip
         return bundle, Path(bundle, "config.json").read_bytes()
 
     def start_create(self, cid: str, bundle: str) -> subprocess.Popen:
@@ -167,7 +169,7 @@ class Faults(Creates):
         return pid
 
     def arm(self, step: str) -> None:
-        for name in ("rewrite", "finish", "answer"):  # fault points pass once disarmed
+        for name in POINTS:  # fault points pass once disarmed
             (self.faults / name).write_text("disarmed\n")
         if step.startswith("runc-"):
             (self.faults / f"stop-create-{step[5:]}").write_text("")
@@ -175,7 +177,7 @@ class Faults(Creates):
             (self.faults / step).unlink()
 
     def disarm(self) -> None:
-        for name in ("rewrite", "finish", "answer"):
+        for name in POINTS:
             (self.faults / name).write_text("disarmed\n")
         for stop in self.faults.glob("stop-*"):
             stop.unlink()
@@ -278,7 +280,32 @@ def _check_next_create(f: Faults, n: int, served: bool = True) -> None:
 
 @pytest.mark.parametrize("faults, step, victim", list(_cases()), indirect=["faults"])
 def test_kill_at_each_step_of_a_create(faults, step, victim):
-    f = faults
+    _kill_during_a_create(faults, step, victim)
+
+
+@pytest.mark.parametrize("faults, victim", [
+    pytest.param(m, v, id=f"{m}-{v}") for m in ("in-process", "socket", "slot")
+    for v in ("front", "worker", "parent") if m != "in-process" or v == "front"
+], indirect=["faults"])  # fmt: skip
+def test_kill_while_a_read_only_root_is_writable(faults, victim):
+    """A read-only root is writable while the finishing steps run: a kill then leaves
+    no container with a writable root (deleted, or read-only again and prepared)."""
+    faults.readonly = True
+    _kill_during_a_create(faults, "writable", victim)
+
+
+def _read_only_root(pid: int) -> bool:
+    """Whether the root mount of process ``pid`` is read-only (its mountinfo)."""
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == "/":
+            return "ro" in fields[5].split(",")
+    raise AssertionError(f"pid {pid}: no root mount")
+
+
+def _kill_during_a_create(f: Faults, step: str, victim: str) -> None:
+    """Stop a GPU create at ``step``, kill ``victim``, let it go on: the engine, the
+    bundle, runc, the slots and the next create are as they must be."""
     if f.mode == "slot":  # the front's cache, warm: the next create comes by slot
         assert f.call("list", capture_output=True).returncode == 0
     cid = f"fault-{os.getpid()}"
@@ -310,6 +337,8 @@ def test_kill_at_each_step_of_a_create(faults, step, victim):
     elif status == 0:
         assert err == ""
         assert f.prepared(cid), "created but not prepared"
+        if f.readonly:
+            assert _read_only_root(f.state(cid)["pid"]), "created with a writable root"
         assert _marker(f, cid).exists()  # an exec of it gets the enforced variables
     else:
         if victim == "runc" and step == "runc-during":  # runc init: its parent went; then us

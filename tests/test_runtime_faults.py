@@ -25,11 +25,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.podman_util import make_busybox_rootfs
 from tests.runc_util import daemon_calls, make_bundle, start_daemon
 from tests.test_runtime_finish import CONF, LIBDIR, RUNC, Creates
@@ -555,3 +557,16 @@ def test_an_unwritable_daemon_log(sim_hosts, tmp_path):
         f.daemon.wait(timeout=60)
         for cid in f.ids:
             subprocess.run([RUNC, "--root", f.root, "delete", "--force", cid], capture_output=True)
+
+
+@pytest.mark.parametrize("module, armed", [("nvshim.runtime.client", True),
+                                           ("nvshim.runtime.daemon", True),
+                                           ("nvshim.hook.main", False)])  # fmt: skip
+def test_the_fault_points_are_never_armed_in_nvshim_hook(tmp_path, module, armed):
+    """NVSHIM_TEST_PAUSE arms nvshim-runtime and nvshim-runtimed only: nvshim-hook, which
+    a hook entry without an env would start with a container's environment, ignores it."""
+    code = f"import {module}, nvshim.runtime as r; print(r._PAUSE_DIR >= 0)"
+    env = {"PATH": "/usr/bin:/bin", "NVSHIM_TEST_PAUSE": f"{tmp_path}:writable"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
+                          text=True)  # fmt: skip
+    assert proc.stdout == f"{armed}\n", proc.stderr

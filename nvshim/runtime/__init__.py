@@ -20,7 +20,9 @@ def exit_status(status: int) -> int:
 
 # Tests' fault injection (tests/test_runtime_faults.py): read once, from the environment
 # nvshim-runtime or nvshim-runtimed started with (an engine's, the unit's), never from a
-# call's (a worker takes a call's environment on later) nor from a container's.
+# call's (a worker takes a call's environment on later) nor from a container's; never in
+# nvshim-hook (its module is loading when this one is: a hook entry someone wrote without
+# an env would hand it the container's environment).
 _PAUSE = __import__("posix").environ.get(b"NVSHIM_TEST_PAUSE", b"").decode(errors="replace")
 _PAUSE_DIR = -1  # its directory, opened here on the host: a step may run in a container's
 
@@ -35,7 +37,7 @@ def _open_pause_dir() -> int:
         return -1
 
 
-if _PAUSE:
+if _PAUSE and "nvshim.hook.main" not in __import__("sys").modules:
     _PAUSE_DIR = _open_pause_dir()
 
 

@@ -676,7 +676,8 @@ def render(kit: Kit) -> str:
         lines.append(f"| {need} | {meaning} | {kit.missing.get(need, 'yes')} |")
     lines += ["", "## Findings (failed checks)", ""]
     lines += [f"- {r.check}: {r.detail}" for r in kit.results if r.status == "fail"] or ["none"]
-    lines += ["", "## For the README (Tested on real hardware)", "", _readme_line(kit, now, counts)]
+    lines += ["", "## For docs/real-gpu.md (Tested on real hardware)", ""]
+    lines.append(_readme_line(kit, now, counts))
     return "\n".join(lines) + "\n"
 
 

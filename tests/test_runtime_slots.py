@@ -337,3 +337,11 @@ def test_every_posix_sh_talks_to_the_slots(creates, daemon, shell):  # noqa: F81
     assert proc.returncode == 0, creates.output(cid)
     assert creates.python_starts() == 0 and len(daemon.served()) == 1
     assert creates.state(cid)["status"] == "created"
+    # the front's watchdog (a subshell and its sleep) was killed at the first answer:
+    # only the daemon's processes hold the slot's FIFO now
+    from tests.test_runtime_trust import holders
+
+    (how,) = served_by(daemon.err)
+    ours = {daemon.proc.pid, *_workers(daemon.proc.pid)}
+    reply = os.path.join(slot_dir(creates), f"{how.split()[1]}.r")
+    _wait_for(lambda: set(holders(reply)) <= ours, "the watchdog outlived the front", 0.5)

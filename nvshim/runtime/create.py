@@ -98,6 +98,7 @@ def prepare_bundle(bundle: str, container_id: str, finish_here: bool = False) ->
         return Prepared(config)
     from nvshim.fsutil import atomic_write
     from nvshim.oci.modify import apply_edits
+    from nvshim.runtime import fault_point
 
     edits, steps, rootfs = selection.edits, [], ""
     if finish_here:
@@ -108,6 +109,7 @@ def prepare_bundle(bundle: str, container_id: str, finish_here: bool = False) ->
     apply_edits(spec, edits, [d.uuid for d in selection.devices])
     data = fastjson.dumps(spec).encode()
     mark_prepared(container_id)
+    fault_point("rewrite")
     atomic_write(os.path.join(bundle, "config.json"), data, backup=False, durable=False)
     log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
     return Prepared(config, steps, rootfs, pod)

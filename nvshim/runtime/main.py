@@ -44,6 +44,16 @@ def _report(args, message: str) -> None:
             pass
 
 
+def prepared_before(container_id: str) -> bool:
+    """Whether nvshim left an exec marker for ``container_id``."""
+    from nvshim.runtime import MARKER_DIR
+    from nvshim.trusted import CACHE_DIR
+
+    if "/" in container_id or container_id in (".", ".."):
+        return False
+    return os.path.lexists(os.path.join(CACHE_DIR, MARKER_DIR, container_id))
+
+
 def run(argv: list[str], lowlevel: LowLevel) -> int | None:
     """Do the call ``argv`` (runc's command line), starting the low-level runtime through
     ``lowlevel``; the exit status, or what ``lowlevel.exec`` returns."""
@@ -71,6 +81,15 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
                 from nvshim.runtime.execenv import rewrite_exec
 
                 argv, keep = rewrite_exec(args, argv)
+            elif args.action == "delete" and prepared_before(args.container_id):
+                # as the sh front does: the exec marker goes once runc deleted the container
+                lowlevel.start(runtime, argv, [])
+                status = lowlevel.wait()
+                if status == 0:
+                    from nvshim.runtime.create import mark_prepared
+
+                    mark_prepared(args.container_id, prepared=False)
+                return status
             elif args.action == "version":
                 sys.stdout.write(f"{TOOL} version {__version__}\n")
                 sys.stdout.flush()

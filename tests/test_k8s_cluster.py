@@ -231,3 +231,74 @@ def test_teardown_leaves_nothing(request):
     assert not os.path.exists(workdir)
     assert not os.path.exists("/etc/nvshim-k8s-teardown")
     assert _host_view(watched) == before
+
+
+def test_node_image_imports_with_its_entrypoint(k8s_16, k8s_ns):
+    """The nvshim installer image (tests/node_image.py's build) imports, and a pod of it
+    runs its entrypoint (``nvshim node run``; here with ``--help``)."""
+    tag = k8s_16.import_node_image()
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "installer-help", "namespace": k8s_ns},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "i", "image": tag, "args": ["--help"]}],
+        },
+    }
+    k8s_16.apply(obj)
+    phase = k8s_16.wait_pod_done("installer-help", k8s_ns, timeout=120)
+    out = k8s_16.kubectl("logs", "-n", k8s_ns, "installer-help").stdout
+    assert phase == "Succeeded", out
+    assert "Usage:" in out and "node run" in out
+
+
+def test_killed_run_leaves_no_process_and_is_swept(tmp_path):
+    """A test run killed with SIGKILL: the cluster's processes die with it, and the next
+    cluster's start sweeps its work dir and cgroup root (tests/k8s/cluster.sweep_stale)."""
+    import subprocess
+    import sys
+
+    from tests.k8s.cluster import sweep_stale
+
+    info = tmp_path / "info"
+    script = (
+        "import sys, time\n"
+        "from tests.k8s.cluster import Cluster\n"
+        "c = Cluster(containerd='1.6', sim=None).start()\n"
+        "open(sys.argv[1], 'w').write(f'{c.workdir} {c.pid} {c.pidns}')\n"
+        "time.sleep(600)\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", script, str(info)], cwd=repo)
+    try:
+        deadline = time.monotonic() + 120
+        while not (info.exists() and info.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "cluster did not start"
+            time.sleep(0.2)
+        workdir, _pid, pidns = info.read_text().split()
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while True:
+            left = []
+            for entry in os.listdir("/proc"):
+                try:
+                    if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/pid") == pidns:
+                        left.append(entry)
+                except OSError:
+                    pass
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert left == [], "processes outlived the killed run"
+        name = os.path.basename(workdir)
+        assert os.path.isdir(workdir) and os.path.isdir(f"/sys/fs/cgroup/memory/{name}")
+        sweep_stale(os.path.dirname(workdir))  # (a concurrent cluster's start may go first)
+        assert not os.path.exists(workdir)
+        assert not [h for h in os.listdir("/sys/fs/cgroup") if os.path.exists(
+            f"/sys/fs/cgroup/{h}/{name}")]  # fmt: skip
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

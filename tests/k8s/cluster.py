@@ -63,6 +63,7 @@ SYSCTLS = {
     "kernel/keys/root_maxbytes": "25000000",
 }
 NSINIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nsinit.py")
+WORKDIR_PREFIX = "nvshim-k8s-"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -218,6 +219,49 @@ def _resolve_in(root: str, path: str) -> str:
     return root + "/" + "/".join(done)
 
 
+def _holds_no_lock(workdir: str) -> bool:
+    """True when no live process holds ``workdir``'s lock (its cluster is gone)."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(workdir, "lock"), os.O_RDWR)
+    except FileNotFoundError:
+        # a cluster only just made its dir takes the lock at once: young means alive
+        return time.time() - os.stat(workdir).st_mtime > 120
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def sweep_stale(base: str | None = None) -> list[str]:
+    """Remove the work dirs and cgroup roots of clusters whose process was killed before
+    it could clean up (a killed test run): those no live process holds the lock of.
+    Kept work dirs (``stop(keep_workdir=True)``) stay. Returns what was removed.
+
+    Processes need no sweeping: the namespaces' PID 1 dies with the process that started
+    the cluster (``setpriv --pdeathsig``, ``unshare --kill-child``)."""
+    base = base or tempfile.gettempdir()
+    removed = []
+    for name in sorted(os.listdir(base)):
+        workdir = os.path.join(base, name)
+        if not name.startswith(WORKDIR_PREFIX) or not os.path.isdir(workdir):
+            continue
+        if not _holds_no_lock(workdir):
+            continue
+        # the cgroup root is named after the work dir (a root without one is left alone:
+        # it may belong to a live cluster whose work dir is elsewhere)
+        if not _remove_cgroup_root("/" + name, timeout=0):
+            removed.append(f"cgroup /{name}")
+        if not os.path.exists(os.path.join(workdir, "kept")):
+            shutil.rmtree(workdir, ignore_errors=True)
+            removed.append(workdir)
+    return removed
+
+
 class Cluster:
     """A one-node cluster; ``start()``/``stop()`` or use it as a context manager.
 
@@ -238,7 +282,13 @@ class Cluster:
         self.containerd_version = containerd
         self.sim_name = sim
         self.cdi = cdi
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="nvshim-k8s-"))
+        sweep_stale()
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        # held while this process lives: sweep_stale leaves the cluster alone
+        self._lock = os.open(self.workdir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        import fcntl
+
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.cgroup_root = "/" + self.workdir.name
         self.pki = self.workdir / "pki"
         self.logs = self.workdir / "logs"
@@ -427,7 +477,10 @@ class Cluster:
         ]  # fmt: skip
 
     def _launch(self) -> None:
-        argv = ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc"]
+        # setpriv: unshare dies with this process; --kill-child: PID 1 dies with unshare
+        # (and with it every process in the namespaces), so a killed test run leaves none
+        argv = ["setpriv", "--pdeathsig", "KILL", "unshare", "--kill-child", "--mount", "--net"]
+        argv += ["--pid", "--fork", "--mount-proc"]
         argv += ["--propagation", "private", "--", sys.executable, "-I", NSINIT]
         argv += [str(self.workdir / "spec.json")]
         with open(self.logs / "nsinit.log", "ab") as out:
@@ -500,8 +553,13 @@ class Cluster:
                     self._proc.wait()
         left = self.leftovers(wait=10.0)
         left += _remove_cgroup_root(self.cgroup_root)
-        if not keep_workdir:
+        if keep_workdir:
+            (self.workdir / "kept").touch()
+        else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
         self._proc = None
         return left
 

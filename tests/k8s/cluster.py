@@ -219,22 +219,34 @@ def _resolve_in(root: str, path: str) -> str:
     return root + "/" + "/".join(done)
 
 
-def _holds_no_lock(workdir: str) -> bool:
-    """True when no live process holds ``workdir``'s lock (its cluster is gone)."""
+def _abandoned(workdir: str) -> bool:
+    """True when ``workdir``'s cluster is gone: no live process holds its lock and no
+    process names it on its command line (the namespaces' PID 1 does while it runs)."""
     import fcntl
 
     try:
         fd = os.open(os.path.join(workdir, "lock"), os.O_RDWR)
     except FileNotFoundError:
-        # a cluster only just made its dir takes the lock at once: young means alive
-        return time.time() - os.stat(workdir).st_mtime > 120
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+        fd = None
+        if time.time() - os.stat(workdir).st_mtime < 120:
+            return False  # a cluster takes its lock right after making its dir
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+    needle = os.fsencode(workdir + "/")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if needle in fh.read():
+                        return False
+            except OSError:
+                continue
+    return True
 
 
 def sweep_stale(base: str | None = None) -> list[str]:
@@ -250,7 +262,7 @@ def sweep_stale(base: str | None = None) -> list[str]:
         workdir = os.path.join(base, name)
         if not name.startswith(WORKDIR_PREFIX) or not os.path.isdir(workdir):
             continue
-        if not _holds_no_lock(workdir):
+        if not _abandoned(workdir):
             continue
         # the cgroup root is named after the work dir (a root without one is left alone:
         # it may belong to a live cluster whose work dir is elsewhere)
@@ -469,7 +481,8 @@ class Cluster:
                 "--leader-elect=false", "--use-service-account-credentials",
                 f"--service-account-private-key-file={p}/sa.key", f"--root-ca-file={p}/ca.crt",
                 f"--cluster-signing-cert-file={p}/ca.crt", f"--cluster-signing-key-file={p}/ca.key",
-                "--bind-address=127.0.0.1", "--profiling=false"], after_api=True),
+                "--bind-address=127.0.0.1", "--profiling=false",
+                "--node-monitor-period=1s"], after_api=True),
             comp("kube-scheduler", [
                 f"{kb}/kube-scheduler", f"--kubeconfig={w}/scheduler.kubeconfig",
                 "--leader-elect=false", "--bind-address=127.0.0.1", "--profiling=false"],

@@ -61,6 +61,10 @@ def test_node_ready_on_chosen_containerd(k8s):
     text = open(config).read()
     assert f'sandbox_image = "{artifacts.PAUSE}"' in text
     assert ("enable_cdi = true" in text) == (k8s.containerd_version != "1.6")
+    # the node's own binaries are that version, where an installer looks for them
+    for binary in ("containerd", "ctr"):
+        out = k8s.nsenter([f"/usr/bin/{binary}", "--version"]).stdout
+        assert f" {k8s.containerd_version}." in out, out
 
 
 def test_pod_runs_logs_and_exec(k8s, k8s_ns):

@@ -5,7 +5,8 @@ imports only the standard library).
 --propagation private``: makes the mounts the spec lists (tmpfs, overlays, binds, files over
 ``/proc/sys`` entries, device nodes), brings up ``lo`` with the node address, starts the
 components in order (those marked ``after_api`` once the API server's ``/readyz`` answers),
-restarts the ``restart`` ones whenever they exit (as systemd's ``Restart=always`` would),
+restarts each one ``restart_delay`` after it exits (as systemd's ``Restart=always`` would; a
+kubelet that finds no runtime yet exits), logs every exit to ``exits`` in the state dir,
 reaps every orphan, and writes ``ready`` in the state directory once the node is Ready and
 the default service account exists. SIGTERM stops the components in reverse order; when
 this process ends the kernel kills whatever is left in the PID namespace.
@@ -74,7 +75,9 @@ class Component:
         self.name = c["name"]
         self.argv = c["argv"]
         self.env = c["env"]
-        self.restart = c.get("restart", False)
+        self.restart = c.get("restart", True)
+        self.restart_delay = c.get("restart_delay", 0.5)
+        self.restart_at: float | None = None
         self.after_api = c.get("after_api", False)
         self.log_path = os.path.join(logs, f"{self.name}.log")
         self.proc: subprocess.Popen | None = None
@@ -163,13 +166,15 @@ def main(spec_path: str) -> int:
                 if comp.proc is not None and comp.proc.pid == pid:
                     comp.proc.returncode = os.waitstatus_to_exitcode(status)
                     log(f"{comp.name} exited ({comp.proc.returncode})")
+                    with open(os.path.join(state, "exits"), "a") as fh:
+                        fh.write(f"{comp.name} {comp.proc.returncode}\n")
                     if comp.restart:
-                        time.sleep(0.1)
-                        comp.start()
-                        log(f"{comp.name} restarted")
-                    else:
-                        with open(os.path.join(state, "died"), "a") as fh:
-                            fh.write(f"{comp.name} {comp.proc.returncode}\n")
+                        comp.restart_at = time.monotonic() + comp.restart_delay
+        for comp in comps:
+            if comp.restart_at is not None and time.monotonic() >= comp.restart_at:
+                comp.restart_at = None
+                comp.start()
+                log(f"{comp.name} restarted")
         if not api_up and api.get("/readyz")[0] == 200:
             api_up = True
             log("API server ready")

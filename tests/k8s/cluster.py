@@ -336,7 +336,7 @@ class Cluster:
                 self.import_image(archive)
             self._wait_ready(started + timeout)
         except BaseException:
-            self.stop(keep_workdir=True)
+            self.stop()  # the error carries the logs; NVSHIM_K8S_KEEP=1 keeps the dir too
             raise
         self.start_seconds = time.monotonic() - started
         return self

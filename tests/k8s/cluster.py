@@ -193,33 +193,6 @@ def _remove_cgroup_root(name: str, timeout: float = 10.0) -> list[str]:
         time.sleep(0.2)
 
 
-def _resolve_in(root: str, path: str) -> str:
-    """``root`` + ``path`` with every symbolic link but the last component's resolved as
-    if ``root`` were ``/`` (an absolute target starts again at ``root``)."""
-    parts = [p for p in path.split("/") if p]
-    done: list[str] = []
-    hops = 0
-    while parts:
-        name = parts.pop(0)
-        if name == "..":
-            done = done[:-1]
-            continue
-        if name == ".":
-            continue
-        candidate = root + "/" + "/".join([*done, name])
-        if parts and os.path.islink(candidate):
-            hops += 1
-            if hops > 40:
-                raise OSError(f"too many symbolic links in {path}")
-            target = os.readlink(candidate)
-            parts = [p for p in target.split("/") if p] + parts
-            if target.startswith("/"):
-                done = []
-            continue
-        done.append(name)
-    return root + "/" + "/".join(done)
-
-
 def _abandoned(workdir: str) -> bool:
     """True when ``workdir``'s cluster is gone: no live process holds its lock and no
     process names it on its command line (the namespaces' PID 1 does while it runs)."""
@@ -617,7 +590,11 @@ class Cluster:
         """The host path through which a path inside the namespaces is reached (reads and
         writes go to the cluster's view: its overlays, its /run). Symbolic links on the way
         are resolved inside the cluster's root (``/var/run`` -> ``/run`` is absolute)."""
-        return _resolve_in(f"/proc/{self.pid}/root", inside)
+        from nvshim.host.rootpath import host_path, resolve_in_root
+
+        root = f"/proc/{self.pid}/root"
+        parent, name = os.path.split(inside.rstrip("/") or "/")
+        return host_path(root, os.path.join(resolve_in_root(root, parent), name))
 
     def scratch(self, inside: str) -> Path:
         """Where the overlays keep a file written inside under ``inside`` (for /etc, /opt,

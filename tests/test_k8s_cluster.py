@@ -117,6 +117,16 @@ def test_hostpath_writes_land_in_scratch(k8s, k8s_ns):
     ]
     mounts = [{"name": name, "mountPath": f"/host/{name}"} for name in targets]
     writes = " && ".join(f"echo {k8s_ns} > /host/{name}/probe" for name in targets)
+    # the installer's shape: the node's root at /root-fs, Bidirectional; a file through
+    # it and a mount made under it (as MPS does) stay in the cluster
+    root_file = f"/usr/local/nvshim-k8s-root-{k8s_ns}"
+    root_mount = f"/run/nvshim-k8s-mnt-{k8s_ns}"
+    volumes.append({"name": "root", "hostPath": {"path": "/", "type": "Directory"}})
+    mounts.append({"name": "root", "mountPath": "/root-fs", "mountPropagation": "Bidirectional"})
+    writes += (
+        f" && echo {k8s_ns} > /root-fs{root_file}"
+        f" && mkdir /root-fs{root_mount} && mount -t tmpfs nvshim-probe /root-fs{root_mount}"
+    )
     ds = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -156,6 +166,12 @@ def test_hostpath_writes_land_in_scratch(k8s, k8s_ns):
     # /var/run is the host's symlink to /run: the cluster's own tmpfs
     assert os.path.isfile(k8s.path("/run/cdi/probe"))
     assert {path: os.path.lexists(path) for path in targets.values()} == before
+    assert open(k8s.path(root_file)).read() == f"{k8s_ns}\n"
+    assert not os.path.lexists(root_file) and not os.path.lexists(root_mount)
+    with open(f"/proc/{k8s.pid}/mountinfo") as fh:
+        assert f" {root_mount} " in fh.read(), "the mount did not reach the node"
+    with open("/proc/self/mountinfo") as fh:
+        assert root_mount not in fh.read(), "the mount reached the host"
 
 
 def test_simulated_gpu_host(k8s, k8s_ns):

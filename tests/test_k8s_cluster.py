@@ -88,6 +88,8 @@ def test_pods_reach_each_other_and_the_api(k8s, k8s_ns):
     k8s.wait("-n", k8s_ns, "pod/server", "--for=condition=Ready")
     server_ip = k8s.get("-n", k8s_ns, "pod/server")["status"]["podIP"]
     assert ipaddress.ip_address(server_ip) in ipaddress.ip_network(POD_SUBNET)
+    # the node (a test scraping an exporter) reaches it at its pod IP
+    assert k8s.http_get(f"http://{server_ip}:8080/x") == "served-server\n"
     # an in-cluster client (kubectl with the pod's service account, no kubeconfig) reaches
     # the API server through the kubernetes service address
     fetch = f"wget -qO- http://{server_ip}:8080/x && /k8s/kubectl get --raw /version"
@@ -322,3 +324,25 @@ def test_killed_run_leaves_no_process_and_is_swept(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_node_side_process(k8s, tmp_path):
+    """A daemon started on the node (Cluster.popen, as a kubelet plugin would run) is in
+    the cluster's namespaces and serves on the node address."""
+    (tmp_path / "f").write_text("from-node\n")
+    proc = k8s.popen(["busybox", "httpd", "-f", "-p", f"{NODE_IP}:9911", "-h", str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                body = k8s.http_get(f"http://{NODE_IP}:9911/f", timeout=2)
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the node-side server never answered"
+                time.sleep(0.2)
+        assert body == "from-node\n"
+        kids = open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()
+        assert [os.readlink(f"/proc/{k}/ns/pid") for k in kids] == [k8s.pidns]
+    finally:
+        proc.terminate()
+        proc.wait(10)

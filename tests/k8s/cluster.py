@@ -550,8 +550,8 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     self._proc.kill()
                     self._proc.wait()
-        left = self.leftovers(wait=10.0)
-        left += _remove_cgroup_root(self.cgroup_root)
+        left = self.leftovers(wait=30.0)
+        left += _remove_cgroup_root(self.cgroup_root, timeout=30.0)
         if keep_workdir:
             (self.workdir / "kept").touch()
         else:
@@ -625,6 +625,31 @@ class Cluster:
         kw.setdefault("timeout", 120)
         env = {**self.env(), **kw.pop("env", {})}
         return subprocess.run(["nsenter", f"--target={self.pid}", *ns, "--", *argv], env=env, **kw)
+
+    def popen(self, argv: list[str], net_only: bool = False, **kw) -> subprocess.Popen:
+        """Start ``argv`` inside the cluster's namespaces (as ``nsenter`` does) without
+        waiting: e.g. a node-side daemon such as a kubelet plugin. It dies with the
+        cluster at the latest (it is in the PID namespace unless ``net_only``)."""
+        ns = ["--net"] if net_only else ["--mount", "--net", "--pid"]
+        env = {**self.env(), **kw.pop("env", {})}
+        return subprocess.Popen(
+            ["nsenter", f"--target={self.pid}", *ns, "--", *argv], env=env, **kw
+        )
+
+    def http_get(self, url: str, timeout: float = 10.0) -> str:
+        """GET ``url`` from the node's network namespace (a pod IP, the node address)
+        with this machine's Python; the body as text. Raises ClusterError on failure."""
+        code = (
+            "import sys, urllib.request\n"
+            "with urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])) as r:\n"
+            "    sys.stdout.write(r.read().decode())\n"
+        )
+        proc = self.nsenter(["/usr/bin/python3", "-I", "-S", "-c", code, url, str(timeout)],
+                            net_only=True, timeout=timeout + 10)  # fmt: skip
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines() or ["no output"]
+            raise ClusterError(f"GET {url} failed: {lines[-1]}")
+        return proc.stdout
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120

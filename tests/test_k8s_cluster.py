@@ -223,7 +223,11 @@ def _host_view(paths: list[str]) -> dict[str, object]:
 def test_teardown_leaves_nothing(request):
     """A cluster of its own (1.7 without a sim host, 1.6 is torn down by the session)
     with a running pod on the pod network and a hostPath write, then stopped."""
-    watched = ["/etc", "/etc/cni/net.d", "/opt", "/usr/local", "/var/lib", "/var/log", "/run"]
+    # where the kubelet, containerd and the CNI plugins write by default (not /run or
+    # /var/lib as a whole: other processes on the machine change those meanwhile)
+    watched = ["/etc/containerd", "/etc/cni/net.d", "/var/lib/cni", "/var/lib/kubelet",
+               "/var/log/pods", "/var/log/containers", "/opt/cni", "/opt/containerd",
+               "/run/nvidia", "/usr/local/bin"]  # fmt: skip
     before = _host_view(watched)
     cluster = Cluster(containerd="1.7", sim=None)
     cluster.start()

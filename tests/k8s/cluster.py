@@ -325,6 +325,52 @@ class Cluster:
         kubeconfig(self.kubeconfig, self.pki, "admin", server)
         for client in ("controller-manager", "scheduler", "node"):
             kubeconfig(w / f"{client}.kubeconfig", self.pki, client, server)
+        mounts, dev_nodes = self._mounts()
+        sysctl_files = {}
+        for entry, value in SYSCTLS.items():
+            src = w / "sysctl" / entry.replace("/", ".")
+            src.write_text(value + "\n")
+            sysctl_files[f"/proc/sys/{entry}"] = str(src)
+        # what containerd and the CNI find in /etc once the overlay is on
+        etc = w / "upper/etc"
+        (etc / "containerd").mkdir(parents=True, exist_ok=True)
+        (etc / "containerd/config.toml").write_text(
+            _containerd_config(
+                self.containerd_version, self.containerd_bin, artifacts.PAUSE, self.cdi
+            )
+        )
+        netd = etc / "cni/net.d"
+        netd.mkdir(parents=True, exist_ok=True)
+        os.setxattr(netd, "trusted.overlay.opaque", b"y")  # the host's CNI confs stay out
+        (netd / "10-nvshim-pods.conflist").write_text(_cni_conflist())
+        (w / "kubelet-config.json").write_text(_kubelet_config(self.pki, self.cgroup_root))
+        _make_cgroup_root(self.cgroup_root)
+        env = {"PATH": f"{self.containerd_bin}:{self.k8s_bin}:{BASE_PATH}", "HOME": "/root",
+               "LC_ALL": "C.UTF-8"}  # fmt: skip
+        spec = {
+            "mounts": mounts,
+            "dev_nodes": dev_nodes,
+            "sysctl_files": sysctl_files,
+            "node_ip": NODE_IP,
+            "node_name": NODE_NAME,
+            "iptables": [
+                f"-t nat -A {chain} -d {SERVICE_IP}/32 -p tcp --dport 443 -j DNAT "
+                f"--to-destination {NODE_IP}:{API_PORT}".split()
+                for chain in ("PREROUTING", "OUTPUT")
+            ],
+            "state_dir": str(self.state),
+            "logs_dir": str(self.logs),
+            "api_url": f"https://127.0.0.1:{API_PORT}",
+            "ca": str(self.pki / "ca.crt"),
+            "admin_cert": str(self.pki / "admin.crt"),
+            "admin_key": str(self.pki / "admin.key"),
+            "components": self._components(env),
+        }
+        (w / "spec.json").write_text(json.dumps(spec, indent=1))
+
+    def _mounts(self) -> tuple[list[dict], list[list]]:
+        """The mounts nsinit makes, in order, and the device nodes it makes in /dev."""
+        w = self.workdir
         mounts: list[dict] = [{"kind": "tmpfs", "target": "/run"}]
         for target in OVERLAYS:
             if not os.path.isdir(target):
@@ -364,61 +410,7 @@ class Cluster:
             mounts.append({"kind": "bind", "target": DRIVER_ROOT, "mkdir": True,
                            "source": self.sim.driver_root, "recursive": True})  # fmt: skip
             dev_nodes = [[n.path, n.major, n.minor, n.mode] for n in self.sim.expected_nodes()]
-        sysctl_files = {}
-        for entry, value in SYSCTLS.items():
-            src = w / "sysctl" / entry.replace("/", ".")
-            src.write_text(value + "\n")
-            sysctl_files[f"/proc/sys/{entry}"] = str(src)
-        # what containerd and the CNI find in /etc once the overlay is on
-        etc = w / "upper/etc"
-        (etc / "containerd").mkdir(parents=True, exist_ok=True)
-        (etc / "containerd/config.toml").write_text(
-            _containerd_config(
-                self.containerd_version, self.containerd_bin, artifacts.PAUSE, self.cdi
-            )
-        )
-        netd = etc / "cni/net.d"
-        netd.mkdir(parents=True, exist_ok=True)
-        os.setxattr(netd, "trusted.overlay.opaque", b"y")  # the host's CNI confs stay out
-        (netd / "10-nvshim-pods.conflist").write_text(_cni_conflist())
-        (w / "kubelet-config.json").write_text(_kubelet_config(self.pki, self.cgroup_root))
-        _make_cgroup_root(self.cgroup_root)
-        env = {"PATH": f"{self.containerd_bin}:{self.k8s_bin}:{BASE_PATH}", "HOME": "/root",
-               "LC_ALL": "C.UTF-8"}  # fmt: skip
-        spec = {
-            "mounts": mounts,
-            "dev_nodes": dev_nodes,
-            "sysctl_files": sysctl_files,
-            "node_ip": NODE_IP,
-            "node_name": NODE_NAME,
-            "iptables": [
-                [
-                    "-t",
-                    "nat",
-                    "-A",
-                    chain,
-                    "-d",
-                    f"{SERVICE_IP}/32",
-                    "-p",
-                    "tcp",
-                    "--dport",
-                    "443",
-                    "-j",
-                    "DNAT",
-                    "--to-destination",
-                    f"{NODE_IP}:{API_PORT}",
-                ]
-                for chain in ("PREROUTING", "OUTPUT")
-            ],  # fmt: skip
-            "state_dir": str(self.state),
-            "logs_dir": str(self.logs),
-            "api_url": f"https://127.0.0.1:{API_PORT}",
-            "ca": str(self.pki / "ca.crt"),
-            "admin_cert": str(self.pki / "admin.crt"),
-            "admin_key": str(self.pki / "admin.key"),
-            "components": self._components(env),
-        }
-        (w / "spec.json").write_text(json.dumps(spec, indent=1))
+        return mounts, dev_nodes
 
     def _components(self, env: dict[str, str]) -> list[dict]:
         p, w = self.pki, self.workdir

@@ -214,6 +214,8 @@ def test_containerd_restarts_after_sighup(k8s, k8s_ns):
         time.sleep(0.5)
     assert proc.stdout == "still-here\n", proc.stderr
     assert "containerd restarted" in k8s.log("nsinit")
+    # a plain stop (SIGTERM), as `systemctl restart` would do it
+    assert k8s.restart_containerd() not in (old, new)
 
 
 def _host_view(paths: list[str]) -> dict[str, object]:

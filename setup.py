@@ -33,5 +33,5 @@ setup(
             "kubernetes-validate",
         ],
     },
-    entry_points={"console_scripts": ["nvshim=nvshim.cli:main"]},
+    entry_points={"console_scripts": ["nvshim=nvshim.entry:main"]},
 )

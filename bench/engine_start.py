@@ -8,7 +8,8 @@
   ``nvshim-runtimed`` (as installed), and done in the client's process (no daemon);
   against runc creating the same container with no GPU, and against runc creating the
   bundle nvshim edited (its 21 mounts and 4 device nodes: runc's own work for the GPU,
-  which any injecting runtime adds), which leaves nvshim's own time;
+  which any injecting runtime adds), which leaves nvshim's own time; and with a
+  read-only root (``"root": {"readonly": true}``) against runc's read-only twins;
 - ``podman run --rm true`` with no GPU and with 1 GPU (podman 4, vfs storage, in a
   private mount namespace; both runtimes behind the same one-line sh wrapper, which
   podman needs to hand nvshim its config);
@@ -19,7 +20,9 @@
 ``nvshim-runtimed`` runs for every nvshim case but the "no daemon" one, as the package
 and the node installer deploy it.
 
-Run as root: ``.venv/bin/python3 bench/engine_start.py [--rounds N]``. Targets (issue 12):
+Run as root: ``.venv/bin/python3 bench/engine_start.py [--rounds N]`` (on a simulated
+host; ``--driver-root R [--dev-root D]``: on the host's real driver, as the real-GPU kit
+runs it). Targets (issue 12):
 pass-through <= 1.2x runc; engine level with no GPU <= 1.1x runc; a 1-GPU create adds
 <= 2 interpreter starts.
 """
@@ -179,8 +182,12 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
     logs = os.path.join(work, "pod-logs")
     os.makedirs(logs, exist_ok=True)
 
-    def create_once(binary: str, n: str, edited: bool = False, call_env=env) -> float:
-        bundle = make_bundle(scratch, rootfs, ["/bin/true"], env=gpu, name=f"b-{n}")
+    def create_once(
+        binary: str, n: str, edited: bool = False, call_env=env, readonly: bool = False
+    ) -> float:
+        bundle = make_bundle(
+            scratch, rootfs, ["/bin/true"], env=gpu, name=f"b-{n}", readonly=readonly
+        )
         cid = f"bench-{os.getpid()}-{n}"
         if edited:
             edited_bundle(bundle, cid, alone)
@@ -194,6 +201,9 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
         our_create = create_once(runtime, f"n{i}")
         edited_create = create_once(RUNC, f"e{i}", edited=True)
         alone_create = create_once(runtime_alone, f"a{i}", call_env=alone)
+        bare_ro_create = create_once(RUNC, f"q{i}", readonly=True)
+        ro_create = create_once(runtime, f"o{i}", readonly=True)
+        edited_ro_create = create_once(RUNC, f"p{i}", edited=True, readonly=True)
         bare_pod = timed([*podman["runc"], *run_opts, "/bin/true"], env)
         our_pod = timed([*podman["nvshim"], *run_opts, "/bin/true"], env)
         gpu_pod = timed([*podman["nvshim"], *run_opts[:2], "-e", "NVIDIA_VISIBLE_DEVICES=0",
@@ -209,6 +219,8 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
         pairs.add("create, 1 GPU (runc: no GPU)", bare_create, our_create)
         pairs.add("create, 1 GPU (runc: same edits)", edited_create, our_create)
         pairs.add("create, 1 GPU, no daemon", bare_create, alone_create)
+        pairs.add("create, 1 GPU, read-only root", bare_ro_create, ro_create)
+        pairs.add("create, 1 GPU, read-only (same edits)", edited_ro_create, ro_create)
         pairs.add("podman run --rm true, no GPU", bare_pod, our_pod)
         pairs.add("podman run --rm true, 1 GPU", bare_pod, gpu_pod)
         pairs.add("CRI pod + container, no GPU", bare_cri, our_cri)
@@ -223,19 +235,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--inner", help=argparse.SUPPRESS)
+    parser.add_argument("--driver-root", help="a real driver root (default: a simulated host)")
+    parser.add_argument("--dev-root", default="/", help="with --driver-root (default /)")
     opts = parser.parse_args()
     if opts.inner:
         inner(opts.inner, opts.rounds)
         return
     with tempfile.TemporaryDirectory() as work:
-        sim = build_host("single", os.path.join(work, "host"))
+        if opts.driver_root:  # the real-GPU kit: the host's own driver and devices
+            roots = (opts.driver_root, opts.dev_root)
+        else:
+            sim = build_host("single", os.path.join(work, "host"))
+            roots = (sim.driver_root, sim.dev_root)
         bin_dir = os.path.join(work, "bin")
         write_launchers(bin_dir, cache_dir=os.path.join(work, "cache"))
         alone = os.path.join(work, "bin-alone")
         write_launchers(alone, cache_dir=os.path.join(work, "cache-alone"))
         with open(os.path.join(work, "config.toml"), "w") as fh:
             fh.write(
-                f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
+                f'[host]\ndriver-root = "{roots[0]}"\ndev-root = "{roots[1]}"\n'
                 f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{work}/log"\n'
                 f'state-dir = "{work}/state-nvshim"\n[policy]\naccept-env-unprivileged = true\n'
             )

@@ -1,3 +1,3 @@
-from nvshim.cli import main
+from nvshim.entry import main
 
 main()

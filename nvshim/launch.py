@@ -18,7 +18,7 @@ LAUNCHERS = {
     "nvshim-runtimed": "nvshim.runtime.daemon",
 }
 # The ``nvshim`` command itself, for installs that bring their own interpreter.
-CLI_LAUNCHER = {"nvshim": "nvshim.cli"}
+CLI_LAUNCHER = {"nvshim": "nvshim.entry"}
 
 
 def real_interpreter() -> str:

@@ -1,5 +1,5 @@
-"""Discovery against each simulated host, through the real pynvml and the compiled fake
-NVML; bad inputs; the inventory cache."""
+"""Discovery against each simulated host, through the compiled fake NVML (nvshim's binding;
+tests/test_nvml_query.py holds it to the real pynvml); bad inputs; the inventory cache."""
 
 from __future__ import annotations
 

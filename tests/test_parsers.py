@@ -175,6 +175,17 @@ def test_resolve_in_root_keeps_absolute_links_inside(tmp_path):
     os.symlink("loop1", tmp_path / "loop2")
     with pytest.raises(OSError):
         resolve_in_root(str(tmp_path), "/loop1")
+    # with a memo shared between calls (one discovery): the same answers, each path read once
+    seen: dict = {}
+    for _ in range(2):
+        assert resolve_in_root(str(tmp_path), "/usr/lib/librel.so", seen) == (
+            "/usr/lib/libreal.so.1.2"
+        )
+        assert resolve_in_root(str(tmp_path), "/usr/lib/escape", seen) == "/etc/passwd"
+        with pytest.raises(OSError):
+            resolve_in_root(str(tmp_path), "/loop1", seen)
+    assert seen["/usr/lib"] is None
+    assert seen["/usr/lib/librel.so"] == "libabs.so.1"
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""README "Coming from the NVIDIA Container Toolkit", run step by step as written: every
+"""docs/coming-from-nvidia-toolkit.md, run step by step as written: every
 `nvshim` line of its code blocks, in order, with the exit code its comment states, on a
 reference-configured containerd file, the device-plugin ConfigMap and a simulated host."""
 
@@ -16,16 +16,15 @@ from tests.conftest import REPO, run_nvshim
 from tests.engines.corpus_cases import containerd_dump
 from tests.test_configure_inherit import REFERENCE
 
-SECTION = "## Coming from the NVIDIA Container Toolkit"
+PAGE = os.path.join(REPO, "docs", "coming-from-nvidia-toolkit.md")
 CONFIGMAP = os.path.join(REPO, "tests", "sharing_corpus", "configmap-per-node.yaml")
 
 
 def section_blocks() -> list[list[str]]:
-    """The ```sh blocks of the section, each a list of its lines."""
-    with open(os.path.join(REPO, "README.md")) as fh:
+    """The ```sh blocks of the page, each a list of its lines."""
+    with open(PAGE) as fh:
         text = fh.read()
-    body = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    return [block.strip().splitlines() for block in re.findall(r"```sh\n(.*?)```", body, re.S)]
+    return [block.strip().splitlines() for block in re.findall(r"```sh\n(.*?)```", text, re.S)]
 
 
 def steps(lines: list[str]) -> list[tuple[list[str], int]]:
@@ -53,7 +52,7 @@ def test_the_section_has_the_migration_and_the_way_back():
     assert [argv[0] for argv, _ in steps(blocks[1])] == ["unconfigure"]
 
 
-def test_migration_and_back_as_the_readme_says(tmp_path, sim_hosts):
+def test_migration_and_back_as_the_page_says(tmp_path, sim_hosts):
     sim = sim_hosts("h100x8-mig")
     containerd = tmp_path / "config.toml"
     containerd.write_text(REFERENCE)

@@ -170,13 +170,7 @@ def test_a_worker_killed_after_runc_created_the_container_has_it_deleted(creates
     """The watchdog kills a worker while the front's runc still runs: the parent tells the
     front the call was lost; once runc is done the front has Python delete the container,
     and the call fails with one line."""
-    slow = tmp_path / "slow-runc"
-    slow.write_text(f'#!/bin/sh\nsleep 2\nexec {creates_runc()} "$@"\n')
-    slow.chmod(0o755)
-    text = open(creates.config).read()
-    open(creates.config, "w").write(
-        text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{slow}"]\n')
-    )
+    use_runtime(creates, wrapped_runc(tmp_path / "slow-runc", "sleep 2"))
     d = serve(creates, "--call-timeout", "0.5")
     try:
         bundle, cid = bundle_for(creates, "lost")
@@ -193,10 +187,19 @@ def test_a_worker_killed_after_runc_created_the_container_has_it_deleted(creates
         assert d.stop() == 0
 
 
-def creates_runc() -> str:
+def wrapped_runc(path, before: str) -> str:
+    """A runc at ``path`` that runs the sh line ``before`` first."""
     from tests.test_runtime_finish import RUNC
 
-    return RUNC
+    path.write_text(f'#!/bin/sh\n{before}\nexec {RUNC} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def use_runtime(c, runtime: str) -> None:
+    """Have ``c``'s configuration name ``runtime`` as its only low-level runtime."""
+    text = open(c.config).read()
+    open(c.config, "w").write(text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{runtime}"]\n'))
 
 
 class StandIn:
@@ -205,6 +208,7 @@ class StandIn:
 
     def __init__(self, c) -> None:
         self.slots = Slots(slot_dir(c))
+        self.stopped = False  # stop(): the thread gives up waiting for a request
 
     def serve(self, answers, hold: float = 0.0):
         """A thread that waits for one request and writes ``answers`` to its slot (then
@@ -213,7 +217,7 @@ class StandIn:
 
         def run() -> None:
             deadline = time.monotonic() + 30
-            while not heard and time.monotonic() < deadline:
+            while not heard and not self.stopped and time.monotonic() < deadline:
                 for k in range(SLOTS):
                     request = self.slots.request(k)
                     if request is not None:
@@ -228,6 +232,10 @@ class StandIn:
         thread = threading.Thread(target=run)
         thread.start()
         return thread, heard
+
+    def stop(self, thread) -> None:
+        self.stopped = True
+        thread.join(timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -329,3 +337,11 @@ def test_every_posix_sh_talks_to_the_slots(creates, daemon, shell):  # noqa: F81
     assert proc.returncode == 0, creates.output(cid)
     assert creates.python_starts() == 0 and len(daemon.served()) == 1
     assert creates.state(cid)["status"] == "created"
+    # the front's watchdog (a subshell and its sleep) was killed at the first answer:
+    # only the daemon's processes hold the slot's FIFO now
+    from tests.test_runtime_trust import holders
+
+    (how,) = served_by(daemon.err)
+    ours = {daemon.proc.pid, *_workers(daemon.proc.pid)}
+    reply = os.path.join(slot_dir(creates), f"{how.split()[1]}.r")
+    _wait_for(lambda: set(holders(reply)) <= ours, "the watchdog outlived the front", 0.5)

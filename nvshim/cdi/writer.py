@@ -3,15 +3,16 @@ atomically (mode 0644)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
-from typing import Any
-
 from nvshim.cdi.version import spec_min_version
 from nvshim.edits import ContainerEdits
 from nvshim.errors import UsageError
 from nvshim.host.edits import Device, all_devices, common_edits, device_edits, node_edit
 from nvshim.host.model import Gpu, Host
+
+TYPE_CHECKING = False  # typing and collections.abc cost ~3 ms to import at run time
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any
 
 NAME_STRATEGIES = ("index", "uuid", "type-index")
 DEFAULT_NAME_STRATEGIES = ("index", "uuid")  # the device plugin asks for UUIDs by default
@@ -99,13 +100,15 @@ def build_management_spec(
 
 
 def dump_spec(spec: dict[str, Any], fmt: str) -> str:
-    """Serialise as ``yaml`` or ``json``."""
+    """Serialise as ``yaml`` (what PyYAML's ``safe_dump`` writes) or ``json``."""
     if fmt == "json":
+        import json
+
         return json.dumps(spec, indent=2) + "\n"
     if fmt == "yaml":
-        import yaml
+        from nvshim.cdi.yamlout import dump
 
-        return yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
+        return dump(spec)
     raise UsageError(f"unknown format {fmt!r} (use yaml or json)")
 
 

@@ -9,7 +9,7 @@ import sys
 import click
 
 from nvshim import __version__
-from nvshim.errors import NvshimError
+from nvshim.console import guarded
 
 # name -> "module:attribute"; each module is imported only when its command runs.
 COMMANDS = {
@@ -68,12 +68,14 @@ def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: run the CLI, turning NvshimError into one line and an exit code."""
+    """Run the CLI, turning NvshimError into one line and an exit code (``nvshim.entry``
+    is the console entry point: it runs ``cdi generate`` itself, the rest here)."""
+    guarded(_click_main, argv)
+
+
+def _click_main(argv: list[str] | None) -> None:
     try:
         cli.main(args=argv, prog_name="nvshim", standalone_mode=False)
-    except NvshimError as err:
-        click.echo(f"nvshim: error: {err}", err=True)
-        sys.exit(err.exit_code)
     except click.exceptions.Abort:
         click.echo("nvshim: aborted", err=True)
         sys.exit(1)
@@ -82,18 +84,3 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
-    except OSError as err:
-        where = f"{err.filename}: " if err.filename else ""
-        click.echo(f"nvshim: error: {where}{err.strerror or err}", err=True)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as err:  # noqa: BLE001 - a bug must still be one line unless debugging
-        if os.environ.get("NVSHIM_DEBUG"):
-            raise
-        click.echo(
-            f"nvshim: internal error: {type(err).__name__}: {err} "
-            "(set NVSHIM_DEBUG=1 for a traceback)",
-            err=True,
-        )
-        sys.exit(70)

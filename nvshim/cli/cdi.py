@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import click
 
 from nvshim.cli.common import discover, root_options
-from nvshim.errors import NvshimError, UsageError
-from nvshim.record import asdict, record
+from nvshim.errors import NvshimError
+from nvshim.record import asdict
 
 DEFAULT_REFRESH_OUTPUT = "/var/run/cdi/nvidia.yaml"
 
@@ -68,121 +67,6 @@ def spec_options(func):
     return root_options(func)
 
 
-@record
-class SpecRequest:
-    """What ``spec_options`` resolved to (config defaults applied): the spec to make."""
-
-    fmt: str
-    vendor: str
-    cls: str
-    capabilities: list[str]
-    hook_path: str
-    strategies: list[str]
-    all_device: bool
-    mode: str
-    sharing: bool
-    pairing: bool = False
-
-    @staticmethod
-    def resolve(
-        config,
-        output,
-        fmt,
-        strategies,
-        no_all_device,
-        mode,
-        vendor,
-        cls,
-        capabilities,
-        hook_path,
-        sharing,
-        pairing=False,
-    ) -> SpecRequest:
-        """Apply the config's defaults to the options; UsageError on a bad name."""
-        from nvshim.cdi.names import validate_class, validate_vendor
-        from nvshim.cdi.writer import DEFAULT_NAME_STRATEGIES, format_for
-        from nvshim.policy.capabilities import parse_capabilities
-
-        vendor = vendor or config.get("policy", "cdi-vendor")
-        cls = cls or ("gpu.shared" if sharing else config.get("policy", "cdi-class"))
-        try:
-            validate_vendor(vendor)
-            validate_class(cls)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
-        cap_warnings: list[str] = []
-        caps = parse_capabilities(
-            capabilities, config.get("policy", "default-capabilities"), cap_warnings
-        )
-        for warning in cap_warnings:
-            click.echo(f"nvshim: warning: {warning}", err=True)
-        return SpecRequest(
-            fmt=format_for(output, fmt),
-            vendor=vendor,
-            cls=cls,
-            capabilities=list(caps),
-            hook_path=hook_path or config.get("runtime", "hook-path"),
-            strategies=list(strategies or DEFAULT_NAME_STRATEGIES),
-            all_device=not no_all_device,
-            mode=mode,
-            sharing=sharing,
-            pairing=pairing,
-        )
-
-    def build(self, host, config) -> dict:
-        """The spec for ``host``."""
-        from nvshim.cdi.writer import build_management_spec, build_spec
-
-        if self.sharing:
-            from nvshim.mps.cdi import shared_spec
-
-            return shared_spec(
-                host,
-                config,
-                self.capabilities,
-                self.hook_path,
-                vendor=self.vendor,
-                cls=self.cls,
-                strategies=self.strategies,
-                daemon_check_hook=True,
-            )
-        if self.mode == "management":
-            return build_management_spec(host, self.hook_path, vendor=self.vendor, cls=self.cls)
-        extra, every = {}, None
-        if self.pairing:
-            from nvshim.policy.pairing import cdi_pairing_edits
-
-            extra, every, notes = cdi_pairing_edits(host, config, self.hook_path)
-            for note in notes:
-                click.echo(f"nvshim: warning: {note}", err=True)
-        return build_spec(
-            host,
-            self.capabilities,
-            self.hook_path,
-            vendor=self.vendor,
-            cls=self.cls,
-            strategies=self.strategies,
-            all_device=self.all_device,
-            extra_device_edits=extra,
-            all_edits=every,
-        )
-
-
-def _make_parents(output: str) -> None:
-    """Create the missing directories above ``output``, mode 0755 (as /var/run/cdi is)."""
-    parent = os.path.dirname(os.path.abspath(output))
-    missing = []
-    while not os.path.isdir(parent):
-        missing.append(parent)
-        parent = os.path.dirname(parent)
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o755)
-            os.chmod(directory, 0o755)  # mkdir honours the umask
-        except OSError as err:
-            raise UsageError(f"{output}: cannot create {directory}: {err.strerror}") from None
-
-
 @cdi.command()
 @click.option("-o", "--output", metavar="FILE", help="Write here (atomically) instead of stdout.")
 @spec_options
@@ -192,23 +76,9 @@ def generate(output, driver_root, dev_root, config, **options) -> None:
     With --sharing, a spec whose devices are the MPS-shared ones, each carrying its MPS
     pipe directory, limits and /dev/shm (cdiVersion 0.6.0 for the dotted class; podman 4.3
     needs an undotted --class such as gpushared)."""
-    from nvshim.cdi.writer import dump_spec
+    from nvshim.cdi.generate import generate as run
 
-    request = SpecRequest.resolve(config, output, **options)
-    host = discover(driver_root, dev_root)
-    spec = request.build(host, config)
-    text = dump_spec(spec, request.fmt)
-    if not output:
-        sys.stdout.write(text)
-        return
-    from nvshim.fsutil import atomic_write
-
-    _make_parents(output)
-    atomic_write(output, text.encode(), mode=0o644, backup=False)
-    click.echo(
-        f"nvshim: wrote {output}: {len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']}",
-        err=True,
-    )
+    run(output, driver_root, dev_root, config, **options)
 
 
 @cdi.command()
@@ -229,11 +99,12 @@ def refresh(output, force, driver_root, dev_root, config, **options) -> None:
     device and MIG capability nodes) plus nvshim's version and these options; it is kept in
     FILE.nvshim-key. A failed discovery keeps the previous spec and exits 1. Run by
     nvshim-cdi-refresh.service at boot and on driver, MIG and nvshim changes."""
+    from nvshim.cdi.generate import SpecRequest, make_parents
     from nvshim.cdi.refresh import refresh_spec
     from nvshim.cdi.writer import dump_spec
 
     request = SpecRequest.resolve(config, output, **options)
-    _make_parents(output)
+    make_parents(output)
 
     def render(host):
         spec = request.build(host, config)

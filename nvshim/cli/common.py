@@ -6,7 +6,9 @@ import functools
 
 import click
 
-from nvshim.config import Config, load_config
+from nvshim.console import discover, load_config_warn
+
+__all__ = ["discover", "load_config_warn", "root_options"]
 
 
 def root_options(func):
@@ -23,22 +25,3 @@ def root_options(func):
         return func(*args, **kwargs)
 
     return wrapper
-
-
-def load_config_warn() -> Config:
-    """Load nvshim's config, printing its warnings to stderr."""
-    config = load_config()
-    for warning in config.warnings:
-        click.echo(f"nvshim: warning: {warning}", err=True)
-    return config
-
-
-def discover(driver_root: str, dev_root: str, quiet: bool = False):
-    """Discover the host (always fresh, no cache) and print its warnings unless quiet."""
-    from nvshim.host.discover import discover_host
-
-    host = discover_host(driver_root, dev_root)
-    if not quiet:
-        for warning in host.warnings:
-            click.echo(f"nvshim: warning: {warning}", err=True)
-    return host

@@ -31,7 +31,9 @@ from nvshim.ldcache import LdCacheError, parse_ld_cache
 HOST_LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
 CACHE = "/etc/ld.so.cache"
 CONF = "/etc/ld.so.conf"
-CONF_FILE = "/etc/ld.so.conf.d/00-nvshim.conf"
+CONF_DIR = "/etc/ld.so.conf.d"
+CONF_FILE = f"{CONF_DIR}/00-nvshim.conf"
+INCLUDE_DEPTH = 4  # include levels looked through for FIFOs
 MAX_CACHE_BYTES = 64 << 20
 LDCONFIG_ENV = {"LC_ALL": "C"}
 LDCONFIG_TIMEOUT = 60.0
@@ -252,6 +254,7 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         fields["ldcache"] = "skipped-reachable"
         return fields
     fields["unreachable"] = len(missing)
+    refuse_special_confs(root)
     text = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
     try:
         root.write_file(CONF_FILE, (text + "\n").encode())
@@ -263,6 +266,60 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
     fields["ldconfig_ms"] = round((time.perf_counter() - started) * 1000, 2)
     fields["ldcache"] = "updated"
     return fields
+
+
+def refuse_special_confs(root: RootFS) -> None:
+    """Raise NvshimError when a file the host ldconfig will open as configuration in the
+    root is not a regular file (a FIFO would block it until its timeout, holding the
+    caller and a daemon worker meanwhile): ``/etc/ld.so.conf``, the entries of
+    ``/etc/ld.so.conf.d`` (nvshim's include) and, a few levels deep, what ``include``
+    lines name. Looked at through ``O_PATH``, which never blocks."""
+    ours = [n for n in root.listdir(CONF_DIR) or () if n.endswith(".conf")]
+    todo = [(CONF, 0)] + [(f"{CONF_DIR}/{n}", 1) for n in ours]
+    while todo:
+        path, depth = todo.pop()
+        try:
+            fd = root.open(path, os.O_PATH)
+        except OSError:
+            continue  # absent or unreachable: ldconfig finds nothing there either
+        try:
+            mode = os.fstat(fd).st_mode
+        finally:
+            os.close(fd)
+        if stat.S_ISDIR(mode):
+            continue  # ldconfig reads no directory as configuration
+        if not stat.S_ISREG(mode):
+            raise NvshimError(
+                f"{path} in the container root: not a regular file, ld cache not updated"
+            )
+        if depth < INCLUDE_DEPTH:
+            todo += [(name, depth + 1) for name in _included(root, path)]
+
+
+def _included(root: RootFS, path: str) -> list[str]:
+    """The files the ``include`` lines of configuration file ``path`` may name (for a
+    glob in the last component every entry of its folder; relative patterns from
+    ``path``'s directory, as ldconfig reads them)."""
+    try:
+        text = root.read(path, 1 << 20) or b""
+    except (OSError, RootPathError):
+        return []
+    found = []
+    for line in text.decode("utf-8", "replace").splitlines():
+        words = line.split("#", 1)[0].split()
+        if len(words) < 2 or words[0] != "include":
+            continue
+        for pattern in words[1:]:
+            pattern = posixpath.join(posixpath.dirname(path), pattern)
+            folder, name = posixpath.split(pattern)
+            if not any(c in name for c in "*?["):
+                found.append(pattern)
+                continue
+            # every entry a glob could match (no fnmatch: it imports re on a GPU create)
+            for entry in root.listdir(folder) or ():
+                if not entry.startswith("."):
+                    found.append(posixpath.join(folder, entry))
+    return found
 
 
 def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:

@@ -4,16 +4,34 @@
 from __future__ import annotations
 
 import os
-import re
 import stat
-from collections.abc import Iterable
 
 from nvshim.host import driver_files as df
 from nvshim.host.model import DriverFile
 from nvshim.host.rootpath import host_path, resolve_in_root
 from nvshim.ldcache import LdCacheEntry, LdCacheError, parse_ld_cache
 
-_SO_RE = re.compile(r"^(?P<stem>.+?)\.so(?:\.(?P<ver>[0-9][0-9.]*))?$")
+TYPE_CHECKING = False  # typing and re cost ~5 ms of `nvshim cdi generate`
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+_VERSION_CHARS = frozenset("0123456789.")
+
+
+def split_so(name: str) -> tuple[str, str] | None:
+    """``(stem, version)`` of a library file name: ``libcuda.so.550.90.12`` gives
+    ``("libcuda", "550.90.12")``, ``libcuda.so`` ``("libcuda", "")``; None for any other
+    name. The stem ends at the first ``.so`` that only a version (digits and dots, a
+    digit first) follows."""
+    at = name.find(".so", 1)
+    while at != -1:
+        rest = name[at + 3 :]
+        if not rest:
+            return name[:at], ""
+        if rest[0] == "." and rest[1:2].isdigit() and _VERSION_CHARS.issuperset(rest[1:]):
+            return name[:at], rest[1:]
+        at = name.find(".so", at + 1)
+    return None
 
 
 def read_ld_cache(driver_root: str, warnings: list[str]) -> list[LdCacheEntry]:
@@ -55,17 +73,16 @@ def find_libraries(
         )
     by_stem: dict[tuple[str, str], list[LdCacheEntry]] = {}
     for entry in entries:
-        m = _SO_RE.match(entry.name)
-        if m and entry.arch in ("x86_64", "32bit"):
-            by_stem.setdefault((m.group("stem"), entry.arch), []).append(entry)
+        parts = split_so(entry.name)
+        if parts and entry.arch in ("x86_64", "32bit"):
+            by_stem.setdefault((parts[0], entry.arch), []).append(entry)
     out: list[DriverFile] = []
     seen: set[str] = set()
+    links: dict[str, str | None] = {}  # the library directories are read once
     for capability, stems in df.LIBRARIES.items():
         for stem in stems:
             for arch, cap in (("x86_64", capability), ("32bit", "compat32")):
-                lib = _pick_library(
-                    driver_root, driver_version, stem, by_stem.get((stem, arch), [])
-                )
+                lib = _pick_library(driver_root, stem, by_stem.get((stem, arch), []), links)
                 if lib is None or lib.host_path in seen:
                     continue
                 seen.add(lib.host_path)
@@ -77,12 +94,12 @@ def find_libraries(
 
 
 def _versioned(path: str) -> bool:
-    m = _SO_RE.match(os.path.basename(path))
-    return bool(m and m.group("ver") and m.group("ver").count(".") >= 1)
+    parts = split_so(os.path.basename(path))
+    return bool(parts and parts[1].count(".") >= 1)
 
 
 def _pick_library(
-    driver_root: str, driver_version: str, stem: str, entries: list[LdCacheEntry]
+    driver_root: str, stem: str, entries: list[LdCacheEntry], read_links: dict[str, str | None]
 ) -> DriverFile | None:
     """Resolve a library's entries to its real file, its SONAME link and dev link."""
     if not entries:
@@ -91,7 +108,7 @@ def _pick_library(
     entries = sorted(entries, key=lambda e: (e.name == f"{stem}.so", len(e.name)))
     for entry in entries:
         try:
-            real = resolve_in_root(driver_root, entry.path)
+            real = resolve_in_root(driver_root, entry.path, read_links)
         except OSError:
             continue
         real_host = host_path(driver_root, real)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 
@@ -108,6 +107,8 @@ def load_library(path: str | None):
     except ImportError:
         raise NvshimError("the Python package nvidia-ml-py (pynvml) is not installed") from None
     if path is not None:
+        import ctypes
+
         try:
             lib = ctypes.CDLL(path)
         except OSError as err:
@@ -119,87 +120,234 @@ def load_library(path: str | None):
     return pynvml
 
 
+# nvmlReturn_t values discovery tells apart (nvml.h)
+NOT_SUPPORTED = 3
+NOT_FOUND = 6
+FUNCTION_NOT_FOUND = 13
+UUID_SIZE = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE (also the name buffer)
+VERSION_SIZE = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
+
+
+class NvmlCallError(Exception):
+    """An NVML call returned ``code``; ``str()`` is NVML's own text for it."""
+
+    def __init__(self, code: int, text: str):
+        super().__init__(text)
+        self.code = code
+
+
+def c_types():
+    """The ctypes pieces the binding uses (``CDLL``, ``c_int``, ``c_uint``, ``c_ulonglong``,
+    ``c_void_p``, ``c_char_p``, ``byref``, ``create_string_buffer``), defined on ``_ctypes``,
+    the C module under ctypes, as ctypes defines them: importing ctypes itself costs about
+    2 ms more (its byte-order structure classes). Falls back to ctypes."""
+    try:
+        import _ctypes as c
+
+        def simple(code: str):
+            return type(f"c_{code}", (c._SimpleCData,), {"_type_": code})
+
+        c_int = simple("i")
+        c_char = simple("c")
+        function = type(
+            "Function", (c.CFuncPtr,), {"_flags_": c.FUNCFLAG_CDECL, "_restype_": c_int}
+        )
+
+        class CDLL:
+            """A shared library; its attributes are its functions (int result)."""
+
+            def __init__(self, name: str):
+                self._handle = c.dlopen(name, 0)  # RTLD_NOW | RTLD_LOCAL, as ctypes does
+
+            def __getattr__(self, name: str):
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                found = function((name, self))  # AttributeError when not exported
+                setattr(self, name, found)
+                return found
+
+        class types:  # what the binding takes from the ctypes module
+            c_uint = simple("I")
+            c_ulonglong = simple("Q")
+            c_void_p = simple("P")
+            c_char_p = simple("z")
+            byref = staticmethod(c.byref)
+
+            @staticmethod
+            def create_string_buffer(size: int):
+                return (c_char * size)()
+
+        types.CDLL = CDLL
+        types.c_int = c_int
+        return types
+    except (ImportError, AttributeError):  # pragma: no cover - CPython has them all
+        import ctypes
+
+        return ctypes
+
+
+class Nvml:
+    """The NVML calls discovery makes, bound with ctypes to the symbols pynvml binds
+    (``nvmlDeviceGetCount_v2``, ``nvmlDeviceGetPciInfo_v3``, ...). Importing pynvml costs
+    about 15 ms (it defines every NVML struct); this is the part ``nvshim cdi generate``
+    and a cold inventory need. Other NVML users (MPS compute mode, topology) use pynvml."""
+
+    def __init__(self, path: str | None):
+        ctypes = c_types()
+        self.ctypes = ctypes
+        self.lib = ctypes.CDLL(path or "libnvidia-ml.so.1")
+        self.handle_type = ctypes.c_void_p
+
+    def __call__(self, name: str, *args) -> None:
+        """Call ``name``; NvmlCallError unless it returns NVML_SUCCESS."""
+        try:
+            function = getattr(self.lib, name)
+        except AttributeError:
+            raise NvmlCallError(FUNCTION_NOT_FOUND, f"Function Not Found ({name})") from None
+        code = function(*args)
+        if code:
+            raise NvmlCallError(code, self.error_text(code))
+
+    def error_text(self, code: int) -> str:
+        try:
+            function = self.lib.nvmlErrorString
+        except AttributeError:
+            return f"NVML error {code}"
+        function.restype = self.ctypes.c_char_p
+        text = function(code)
+        return text.decode(errors="replace") if text else f"NVML error {code}"
+
+    def uint(self, name: str, handle) -> int:
+        value = self.ctypes.c_uint()
+        self(name, handle, self.ctypes.byref(value))
+        return value.value
+
+    def text(self, name: str, *args, size: int = UUID_SIZE) -> str:
+        buffer = self.ctypes.create_string_buffer(size)
+        self(name, *args, buffer, self.ctypes.c_uint(size))
+        return buffer.value.decode(errors="replace")
+
+    def handle(self, name: str, *args):
+        handle = self.handle_type()
+        self(name, *args, self.ctypes.byref(handle))
+        return handle
+
+    def memory_total(self, handle) -> int:
+        memory = (self.ctypes.c_ulonglong * 3)()  # nvmlMemory_t: total, free, used
+        self("nvmlDeviceGetMemoryInfo", handle, memory)
+        return memory[0]
+
+    def pci_bus_id(self, handle) -> str:
+        info = self.ctypes.create_string_buffer(68)  # nvmlPciInfo_t (v3)
+        self("nvmlDeviceGetPciInfo_v3", handle, info)
+        return info.raw[36:68].split(b"\0", 1)[0].decode()  # busId[32] after 36 bytes
+
+    def attributes(self, handle) -> tuple[int, int, int]:
+        """A MIG device's GPU-instance and compute-instance slices and memory (MiB)."""
+        attrs = (self.ctypes.c_uint * 10)()  # nvmlDeviceAttributes_t: 8 uints, then a u64
+        self("nvmlDeviceGetAttributes_v2", handle, attrs)
+        return attrs[6], attrs[7], attrs[8] | attrs[9] << 32
+
+
 def query(library: str | None) -> NvmlSnapshot:
     """Query the driver, every GPU and every MIG device through NVML."""
-    pynvml = load_library(library)
     where = library or "libnvidia-ml.so.1 (system)"
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError_LibraryNotFound:
-        raise NvshimError(f"NVML library not found: {where}") from None
-    except pynvml.NVMLError as err:
+        nvml = Nvml(library)
+    except OSError as err:
+        if library is None:
+            raise NvshimError(f"NVML library not found: {where}") from None
+        raise NvshimError(f"cannot load NVML library {library}: {err}") from None
+    try:
+        nvml("nvmlInitWithFlags", 0)
+    except NvmlCallError as err:
         raise NvshimError(f"NVML initialisation failed ({where}): {err}") from None
     try:
-        return _snapshot(pynvml, where)
+        return _snapshot(nvml, where)
     finally:
         try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
+            nvml("nvmlShutdown")
+        except NvmlCallError:
             pass
 
 
-def _snapshot(pynvml, where: str) -> NvmlSnapshot:
+def _snapshot(nvml: Nvml, where: str) -> NvmlSnapshot:
     warnings: list[str] = []
+    ctypes = nvml.ctypes
     try:
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        cuda = cuda_version_text(pynvml.nvmlSystemGetCudaDriverVersion())
-        count = pynvml.nvmlDeviceGetCount()
-    except pynvml.NVMLError as err:
+        driver = nvml.text("nvmlSystemGetDriverVersion", size=VERSION_SIZE)
+        cuda = ctypes.c_int()
+        nvml("nvmlSystemGetCudaDriverVersion", ctypes.byref(cuda))
+        count = ctypes.c_uint()
+        nvml("nvmlDeviceGetCount_v2", ctypes.byref(count))
+    except NvmlCallError as err:
         raise NvshimError(f"NVML query failed ({where}): {err}") from None
     gpus = []
-    for index in range(count):
+    for index in range(count.value):
         try:
-            gpus.append(_gpu(pynvml, index))
-        except pynvml.NVMLError as err:
+            gpus.append(_gpu(nvml, index))
+        except NvmlCallError as err:
             warnings.append(f"GPU {index}: NVML error ({err}); GPU skipped")
-    return NvmlSnapshot(driver, cuda, gpus, warnings, where)
+    return NvmlSnapshot(driver, cuda_version_text(cuda.value), gpus, warnings, where)
 
 
-def _gpu(pynvml, index: int) -> NvmlGpu:
-    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-    major, minor_cc = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-    memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+def _gpu(nvml: Nvml, index: int) -> NvmlGpu:
+    ctypes = nvml.ctypes
+    handle = nvml.handle("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index))
+    major, minor_cc = ctypes.c_int(), ctypes.c_int()
+    nvml("nvmlDeviceGetCudaComputeCapability", handle, ctypes.byref(major), ctypes.byref(minor_cc))
+    memory = nvml.memory_total(handle)
     try:
-        arch = ARCHITECTURES.get(pynvml.nvmlDeviceGetArchitecture(handle), "unknown")
-    except pynvml.NVMLError_NotSupported:
+        arch = ARCHITECTURES.get(nvml.uint("nvmlDeviceGetArchitecture", handle), "unknown")
+    except NvmlCallError as err:
+        if err.code != NOT_SUPPORTED:
+            raise
         arch = "unknown"
+    current, pending = ctypes.c_uint(), ctypes.c_uint()
     try:
-        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
-        mig_enabled = current == 1
-    except pynvml.NVMLError_NotSupported:
+        nvml("nvmlDeviceGetMigMode", handle, ctypes.byref(current), ctypes.byref(pending))
+        mig_enabled = current.value == 1
+    except NvmlCallError as err:
+        if err.code != NOT_SUPPORTED:
+            raise
         mig_enabled = False
+    brand = ctypes.c_int()
+    minor = nvml.uint("nvmlDeviceGetMinorNumber", handle)
+    uuid = nvml.text("nvmlDeviceGetUUID", handle)
+    name = nvml.text("nvmlDeviceGetName", handle)
+    pci_bus_id = nvml.pci_bus_id(handle)
+    nvml("nvmlDeviceGetBrand", handle, ctypes.byref(brand))
     gpu = NvmlGpu(
         index=index,
-        minor=pynvml.nvmlDeviceGetMinorNumber(handle),
-        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-        name=_text(pynvml.nvmlDeviceGetName(handle)),
-        pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+        minor=minor,
+        uuid=uuid,
+        name=name,
+        pci_bus_id=pci_bus_id,
         memory_total=memory,
-        compute_capability=f"{major}.{minor_cc}",
+        compute_capability=f"{major.value}.{minor_cc.value}",
         architecture=arch,
-        brand=BRANDS.get(pynvml.nvmlDeviceGetBrand(handle), "unknown"),
+        brand=BRANDS.get(brand.value, "unknown"),
         mig_enabled=mig_enabled,
     )
     if mig_enabled:
-        for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        for slot in range(nvml.uint("nvmlDeviceGetMaxMigDeviceCount", handle)):
             try:
-                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except pynvml.NVMLError_NotFound:
+                mig = nvml.handle(
+                    "nvmlDeviceGetMigDeviceHandleByIndex", handle, ctypes.c_uint(slot)
+                )
+            except NvmlCallError as err:
+                if err.code != NOT_FOUND:
+                    raise
                 continue
-            attrs = pynvml.nvmlDeviceGetAttributes(mig)
+            gi_slices, ci_slices, mig_mib = nvml.attributes(mig)
             gpu.migs.append(
                 NvmlMig(
                     index=slot,
-                    gi=pynvml.nvmlDeviceGetGpuInstanceId(mig),
-                    ci=pynvml.nvmlDeviceGetComputeInstanceId(mig),
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
-                    profile=mig_profile(
-                        attrs.gpuInstanceSliceCount,
-                        attrs.computeInstanceSliceCount,
-                        attrs.memorySizeMB,
-                        memory,
-                    ),
-                    memory_total=pynvml.nvmlDeviceGetMemoryInfo(mig).total,
+                    gi=nvml.uint("nvmlDeviceGetGpuInstanceId", mig),
+                    ci=nvml.uint("nvmlDeviceGetComputeInstanceId", mig),
+                    uuid=nvml.text("nvmlDeviceGetUUID", mig),
+                    profile=mig_profile(gi_slices, ci_slices, mig_mib, memory),
+                    memory_total=nvml.memory_total(mig),
                 )
             )
     return gpu

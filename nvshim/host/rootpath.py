@@ -30,11 +30,12 @@ def container_path(root: str, host: str) -> str:
     return host[len(prefix) :]
 
 
-def resolve_in_root(root: str, path: str) -> str:
+def resolve_in_root(root: str, path: str, seen: dict[str, str | None] | None = None) -> str:
     """Follow symlinks of ``path`` treating absolute targets as relative to ``root``.
 
     Returns the resolved path as seen from inside the root (absolute). Raises OSError
-    (ELOOP) on link loops.
+    (ELOOP) on link loops. ``seen``: what each path read as a link (None: not one), kept
+    between the calls of one discovery so shared directories are read once.
     """
     parts = [p for p in path.split("/") if p]
     resolved: list[str] = []
@@ -48,9 +49,16 @@ def resolve_in_root(root: str, path: str) -> str:
                 resolved.pop()
             continue
         candidate = "/" + "/".join([*resolved, part])
-        try:
-            target = os.readlink(host_path(root, candidate))
-        except OSError:
+        if seen is not None and candidate in seen:
+            target = seen[candidate]
+        else:
+            try:
+                target = os.readlink(host_path(root, candidate))
+            except OSError:
+                target = None
+            if seen is not None:
+                seen[candidate] = target
+        if target is None:
             resolved.append(part)
             continue
         links += 1

@@ -21,9 +21,13 @@ The sh front itself hands it a create or run that may ask for a GPU, through a s
 the slot's request and hands the slot to an idle worker on its control pipe; the worker
 takes the caller on from ``/proc`` and answers in lines, with the same code path.
 
-A request is declined (the client does the call in-process) unless it comes from this
-user, in this process's mount, pid and user namespaces and root, from the same nvshim
-(version and files) with the same cache directory.
+A request is declined (the client does the call in-process, with its own privileges)
+unless it comes from this user, with the capability sets, ``no_new_privs``, seccomp
+mode and LSM label this process had at start, in its mount, pid and user namespaces
+and root, from the same nvshim (version and files) with the same cache directory; and
+at once, when every worker is busy and no more may be added (no call waits for
+another's). A served call runs with the caller's umask. The daemon refuses to start on
+a cache directory another user could change (``check_cache_dir``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import pkgutil
 import select
 import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -45,14 +50,18 @@ from nvshim import __version__
 from nvshim.errors import NvshimError, one_line
 from nvshim.fsutil import file_identity
 from nvshim.record import field, record
-from nvshim.runtime import DAEMON_SOCKET, wire
-from nvshim.runtime.main import LowLevel, run
+from nvshim.runtime import DAEMON_SOCKET, fault_point, wire
+from nvshim.runtime.lowlevel import LowLevel
+from nvshim.runtime.main import run
 from nvshim.runtime.slots import (
     ACCEPTED,
     DECLINED,
     DONE,
     DONE_WAIT,
+    GO,
+    GO_WAIT,
     LOST,
+    NO,
     SLOTS,
     STALE_CLAIM,
     Caller,
@@ -148,29 +157,60 @@ class Remote(LowLevel):
         self.conn.sendall(wire.pack(wire.EXIT, str(code).encode()))
 
 
-def decline_reason(conn: socket.socket) -> str | None:
-    """Why the peer of ``conn`` must do its call itself, or None."""
+def decline_reason(conn: socket.socket) -> tuple[str | None, int]:
+    """Why the peer of ``conn`` must do its call itself (or None), and its umask."""
     pid, uid, _ = peer_credentials(conn)
     return caller_decline_reason(pid, uid)
 
 
-def effective_uid(pid: int) -> int | None:
-    """The effective uid of process ``pid`` (``/proc/PID/status``), None if unknown."""
+def privileges(pid: int) -> tuple[dict[bytes, bytes], int | None, int | None]:
+    """What process ``pid`` may do, from ``/proc/PID/status`` and its LSM label
+    (``PRIVILEGES``), its effective uid and its umask (None: unknown)."""
+    found: dict[bytes, bytes] = {}
+    uid = umask = None
     try:
         with open(f"/proc/{pid}/status", "rb") as fh:
             for line in fh:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[2])
+                name, _, value = line.partition(b":")
+                if name in PRIVILEGES:
+                    found[name] = value.strip()
+                elif name == b"Uid":
+                    uid = int(value.split()[1])
+                elif name == b"Umask":
+                    umask = int(value, 8)
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    try:
+        with open(f"/proc/{pid}/attr/current", "rb") as fh:
+            found[b"label"] = fh.read(4096).rstrip(b"\0\n")
+    except OSError:
+        found[b"label"] = b""  # no LSM (EINVAL): the same for every process
+    return found, uid, umask
 
 
-def caller_decline_reason(pid: int, uid: int | None = None) -> str | None:
-    """Why process ``pid`` (of ``uid``, else read) must do its call itself, or None."""
-    uid = effective_uid(pid) if uid is None else uid
+# a caller with other values than the daemon had at start is declined: served, it would
+# act with privileges (capabilities, no seccomp filter, another LSM label) it lacks
+PRIVILEGES = (b"CapInh", b"CapPrm", b"CapEff", b"CapBnd", b"CapAmb", b"NoNewPrivs", b"Seccomp")
+_plain: list[dict[bytes, bytes]] = []  # the daemon's own, read at start
+
+
+def caller_decline_reason(pid: int, uid: int | None = None) -> tuple[str | None, int]:
+    """Why process ``pid`` (of ``uid``, else read) must do its call itself (or None),
+    and its umask (0o022 if unknown: that reason then declines it)."""
+    found, status_uid, umask = privileges(pid)
+    uid = status_uid if uid is None else uid
+    return _reason(pid, uid, found, umask), 0o022 if umask is None else umask
+
+
+def _reason(pid: int, uid: int | None, found: dict[bytes, bytes], umask: int | None) -> str | None:
     if uid != os.geteuid():
         return f"uid {uid}"
+    if umask is None:
+        return "no umask in /proc/PID/status"
+    plain = _plain[0] if _plain else privileges(os.getpid())[0]
+    for name in (*PRIVILEGES, b"label"):
+        if found.get(name) != plain.get(name):
+            return f"{name.decode()} {found.get(name, b'?').decode(errors='replace')}"
     for ns in NAMESPACES:
         if file_identity(f"/proc/{pid}/ns/{ns}") != file_identity(f"/proc/self/ns/{ns}"):
             return f"another {ns} namespace"
@@ -238,7 +278,7 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
     if not packet:  # connected and went: a probe (nvshim doctor)
         return
     try:
-        why = decline_reason(conn)
+        why, umask = decline_reason(conn)
         argv, environ = parse_request(packet) if why is None else ([], {})
         if why is None and len(fds) != wire.FDS:
             why = "no stdio and working directory"
@@ -250,7 +290,8 @@ def handle(conn: socket.socket, log_fd: int, verbose: bool = False) -> None:
         _say(log_fd, f"declined: {why}")  # the client does the call itself: slower, say so
         conn.sendall(wire.pack(wire.DECLINE, wire.encode(why)))
         return
-    _serve(argv, environ, fds, Remote(conn), log_fd, verbose, (modules, began, "socket"))
+    start = (modules, began, "socket")
+    _serve(argv, environ, fds, Remote(conn), log_fd, verbose, start, umask)
 
 
 def handle_slot(
@@ -275,21 +316,26 @@ def handle_slot(
         else:
             slots.say(k, ACCEPTED)
             remote.pidfd, remote.argv = caller.pidfd, caller.argv[1:]
+            go = remote.hear(GO_WAIT)
+            if go != GO:  # the front gave up waiting (or went): Python does the call
+                _say(log_fd, f"declined: the front did not wait for slot {k}")
+                return FREE if go == NO or go is None and caller.gone() else HELD
             fds, caller.fds = caller.fds, []
             start = (modules, began, f"slot {k}")
-            _serve(caller.argv, environ, fds, remote, log_fd, verbose, start)
+            _serve(caller.argv, environ, fds, remote, log_fd, verbose, start, caller.umask)
         return FREE if remote.hear(DONE_WAIT) == DONE else HELD
     finally:
         if caller is not None:
             caller.close()
 
 
-def _serve(argv, environ, fds, remote, log_fd: int, verbose: bool, start) -> None:
-    """The call ``argv`` (program first) with the caller's ``environ`` and ``fds``
-    (stdin, stdout, stderr, working directory; closed here), answered through ``remote``.
-    ``start``: the modules loaded, the time when the call came and how (socket, slot K),
-    for the log line."""
+def _serve(argv, environ, fds, remote, log_fd: int, verbose: bool, start, umask: int) -> None:
+    """The call ``argv`` (program first) with the caller's ``environ``, ``fds``
+    (stdin, stdout, stderr, working directory; closed here) and ``umask``, answered
+    through ``remote``. ``start``: the modules loaded, the time when the call came and
+    how (socket, slot K), for the log line."""
     _become(fds[:3], fds[3], environ, argv)  # argv[0]: the runtime lookup skips it
+    os.umask(umask)
     for fd in fds:
         os.close(fd)
     modules, began, how = start
@@ -311,11 +357,15 @@ def _serve(argv, environ, fds, remote, log_fd: int, verbose: bool, start) -> Non
             code = code or 1
     if code is not None:
         served()
+        fault_point("answer")
         remote.exit(code)
 
 
 def _say(fd: int, line: str) -> None:
-    os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
+    try:
+        os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
+    except OSError:  # a log that cannot be written (full, closed) must not fail calls
+        pass
 
 
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
@@ -494,11 +544,27 @@ class Pool:
         self.flights[k] = Flight(*request)
         self.pending.append(k)
 
+    def idle(self) -> list[int]:
+        return [p for p, w in self.workers.items()
+                if w.control is not None and w.busy_since is None and not w.slots]  # fmt: skip
+
+    def saturated(self) -> bool:
+        """Every worker busy and no more may be added: a call would wait for another's."""
+        return not self.idle() and len(self.workers) >= self.limits.max_workers
+
     def dispatch(self) -> None:
-        """Hand queued slots to idle workers (``tend`` adds workers when none is)."""
+        """Hand queued slots to idle workers (``tend`` adds workers when none is); with
+        none and no more allowed, decline them at once (their fronts start Python)
+        rather than have them wait for other callers' calls."""
         while self.pending:
-            idle = [p for p, w in self.workers.items()
-                    if w.control is not None and w.busy_since is None and not w.slots]  # fmt: skip
+            idle = self.idle()
+            if not idle and self.saturated():
+                for k in self.pending:
+                    _say(2, f"declined: all {len(self.workers)} workers busy (slot {k})")
+                    self.slots.say(k, DECLINED)
+                    self.flights[k].held = True
+                self.pending = []
+                return
             if not idle:
                 return
             k = self.pending.pop(0)
@@ -566,6 +632,25 @@ class Pool:
             time.sleep(0.05)
 
 
+def decline_busy(listener: socket.socket, workers: int) -> None:
+    """Answer a connection no worker is free for with a decline (its client does the
+    call in-process) instead of leaving it in the backlog."""
+    try:
+        conn, _ = listener.accept()
+    except OSError:  # a worker took it
+        return
+    with conn:
+        _say(2, f"declined: all {workers} workers busy (socket)")
+        try:  # the request first: closing with it unread would reset the connection
+            conn.settimeout(1.0)
+            _, fds, _, _ = socket.recv_fds(conn, wire.LIMIT, wire.FDS)
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(wire.pack(wire.DECLINE, b"busy"))
+        except OSError:
+            pass
+
+
 def _stop(*_) -> None:
     raise SystemExit(0)
 
@@ -588,6 +673,8 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
     """Listen at ``path`` and on the slots (``nvshim.runtime.slots``) and serve calls
     with a pool of workers until SIGTERM."""
     limits = limits or Limits()
+    check_cache_dir(os.path.dirname(path))
+    _plain[:] = [privileges(os.getpid())[0]]
     failed = preload()
     for name in failed:
         _say(2, f"not preloaded: {name}")
@@ -608,7 +695,7 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
         where = path if slots is None else f"{path} and {slots.path}"
         _say(2, f"listening on {where} (nvshim {__version__})")
         _notify_ready()
-        poller, watched = select.poll(), set()
+        poller, watched, listening = select.poll(), set(), False
         for fd in (pool.status_r, wake_r):
             poller.register(fd, select.POLLIN)
         while True:
@@ -618,9 +705,15 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
             for fd in wanted - watched:
                 poller.register(fd, select.POLLIN)
             watched = wanted
-            for fd, _ in poller.poll(1000):
+            busy = pool.saturated()
+            if busy != listening:
+                (poller.register if busy else poller.unregister)(listener.fileno())
+                listening = busy
+            for fd, _ in poller.poll(0 if pool.pending else 1000):
                 if fd == wake_r:
                     _drain(wake_r)
+                elif fd == listener.fileno():
+                    decline_busy(listener, len(pool.workers))
                 elif fd in ups and ups[fd] not in pool.flights:
                     pool.requested(ups[fd])
             pool.read_status()
@@ -638,6 +731,44 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
             slots.remove()
         pool.stop()
         listener.close()
+
+
+def check_cache_dir(path: str) -> None:
+    """Refuse (NvshimError) a cache directory another user could change: it (made 0755
+    when missing) and the exec marker directory in it must be this user's and not
+    writable by group or others, every directory above them root's or this user's and
+    not writable by group or others unless sticky (``/tmp``). The daemon's socket and
+    slots, the front's cache and the markers live there."""
+    from nvshim.runtime import MARKER_DIR
+
+    try:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        real = os.path.realpath(path)
+        own = [real, os.path.join(real, MARKER_DIR)]
+        above = [os.path.dirname(real)]
+        while above[-1] != "/":
+            above.append(os.path.dirname(above[-1]))
+        for directory in own + above:
+            try:
+                st = os.lstat(directory)
+            except FileNotFoundError:
+                if directory == own[1]:
+                    continue  # made by the first GPU create, below a checked directory
+                raise
+            why = None
+            if not stat.S_ISDIR(st.st_mode):
+                why = "not a directory"
+            elif st.st_uid != os.geteuid() and (directory in own or st.st_uid != 0):
+                why = f"owned by uid {st.st_uid}"
+            elif st.st_mode & 0o022 and (directory in own or not st.st_mode & stat.S_ISVTX):
+                why = f"writable by {'group' if st.st_mode & 0o020 else 'others'}"
+            if why is not None:
+                raise NvshimError(
+                    f"{directory}: {why}: nvshim-runtimed serves root's calls only from a"
+                    " cache directory (and the directories above it) no other user can change"
+                )
+    except OSError as err:
+        raise NvshimError(f"{path}: cannot check the cache directory: {err.strerror}") from None
 
 
 def make_slots() -> Slots | None:
@@ -672,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
         "($NVSHIM_CACHE_DIR/... when set), where nvshim-runtime looks",
     )
     default = Limits()
+    parser.add_argument("--version", action="version", version=f"{TOOL} version {__version__}")
     parser.add_argument("--verbose", action="store_true", help="one line per call on stderr")
     parser.add_argument("--workers", type=int, default=default.workers,
                         help="workers kept ready (default %(default)s)")  # fmt: skip

@@ -12,10 +12,12 @@ the global flags (runc's table, from ``nvshim.runtime.args``) up to the command 
   kind, JSON escapes...). A spec that cannot ask for a GPU is left byte-identical by
   Python anyway, so it goes to the low-level runtime directly; so does a help request.
   One that may ask for a GPU goes to ``nvshim-runtimed`` through a slot
-  (``nvshim.runtime.slots``: no interpreter at all), else to Python. An exec marker left
-  for the id (a container nvshim prepared once) sends it to Python, which drops the
-  marker;
+  (``nvshim.runtime.slots``: no interpreter at all), else to Python. One that cannot ask
+  for a GPU but has an exec marker left for its id (a container nvshim prepared once,
+  whose delete failed) goes to Python, which drops the stale marker;
 - ``exec``: starts Python only when the container id has a marker (nvshim prepared it);
+- ``delete`` of a container with a marker: runs the low-level runtime as its child and
+  removes the marker (``rm``) once it deleted the container; other deletes are exec'd;
 - anything else: execs the low-level runtime named in nvshim's cache (written by Python,
   ``nvshim.runtime.passthrough``, with the trigger words of the configuration); on a
   cache miss Python resolves it.
@@ -33,13 +35,17 @@ from nvshim.runtime import DEFAULT_CONFIG, FRONT_CACHE, MARKER_DIR
 from nvshim.runtime.args import BOOL, COMMAND_FLAGS, GLOBAL_FLAGS, VALUE
 from nvshim.runtime.slots import (
     ACCEPTED,
+    ACK_WAIT,
     DECLINED,
     DONE,
     EXEC,
     EXIT,
+    GO,
+    NO,
     REPLY_FD,
     SLOTS,
     SPAWN,
+    TIMEOUT,
 )
 from nvshim.trusted import DEFAULT_CACHE_DIR
 
@@ -75,18 +81,22 @@ def _create_cases() -> str:
 
 def _served(interpreter: str, slots_name: str, lost_code: str) -> str:
     """The sh functions that have nvshim-runtimed serve a call through a slot
-    (``nvshim.runtime.slots``, which describes the exchange)."""
+    (``nvshim.runtime.slots``, which describes the exchange and the checks)."""
     lost = f'exec {sh_quote(interpreter)} -IS -c {sh_quote(lost_code)} "$0" "$r" "$@"'
+    mode_c = "d????[!w]??[!w]?"
     return f"""# srv ARGS: the call served by nvshim-runtimed through one of its slots
-# (nvshim.runtime.slots) when it runs and fds 4 to 7 are free; returns when the daemon
-# did not take the call (nothing was done): then Python does it
+# (nvshim.runtime.slots) when it runs, its slots are this user's own and fds 4 to 7
+# are free; returns when the daemon did not take the call (nothing was done): then
+# Python does it
 srv() {{
   d=$c/{slots_name}
-  [ -p "$d/0.r" ] && [ -d "/proc/$$/fd" ] || return 0
+  [ -p "$d/0.r" ] && [ -d "/proc/$$/fd" ] && mine "$c" "$d" || return 0
+  for w in /usr/bin/sleep /bin/sleep ''; do [ -n "$w" ] && [ -f "$w" ] && [ -x "$w" ] && break; done
+  [ -n "$w" ] || return 0
   for i in 4 5 6 7; do [ -e "/proc/$$/fd/$i" ] && return 0; done
   set -C
   i=0 k=$(($$ % {SLOTS}))
-  until {{ printf '%s\\n' "$$" >"$d/$k.c"; }} 2>/dev/null; do
+  until fifo "$d/$k.r" && fifo "$d/$k.u" && {{ printf '%s\\n' "$$" >"$d/$k.c"; }} 2>/dev/null; do
     i=$((i + 1))
     [ "$i" -lt {SLOTS} ] || {{ set +C; return 0; }}
     k=$(((k + 1) % {SLOTS}))
@@ -94,15 +104,46 @@ srv() {{
   set +C
   {{ talk "$@" 2>&7 7>&-; }} 7>&2 2>/dev/null 4<>"$d/$k.r" {REPLY_FD}<"$d/$k.r" 4>&- 6<>"$d/$k.u"
 }}
+fifo() {{ [ -p "$1" ] && [ ! -L "$1" ] && [ -O "$1" ]; }}
+# mine CACHE SLOTS: CACHE is this user's and not writable by group or others, SLOTS a
+# directory (no symlink) of this user's, mode 0700 (ls -L: CACHE may be a symlink)
+mine() {{
+  [ -O "$1" ] && [ -d "$2" ] && [ ! -L "$2" ] && [ -O "$2" ] || return 1
+  case $1 in *[!A-Za-z0-9/._+@:-]*) return 1 ;; esac
+  for l in /usr/bin/ls /bin/ls ''; do [ -n "$l" ] && [ -f "$l" ] && [ -x "$l" ] && break; done
+  [ -n "$l" ] || return 1
+  set -f; set -- $(LC_ALL=C "$l" -dnL -l -- "$1" "$2" 2>/dev/null); set +f
+  [ "$#" -gt 0 ] && [ $(($# % 2)) -eq 0 ] || return 1
+  case $1 in {mode_c}|{mode_c}.) ;; *) return 1 ;; esac
+  shift $(($# / 2))
+  case $1 in drwx------|drwx------.) ;; *) return 1 ;; esac
+}}
+# run ARGS: ARGS with this stderr (on fd 7): the shell's own "Killed" for a runtime killed
+# by a signal goes to /dev/null (the worker says it, in one line)
+run() {{ ( exec 2>&7 7>&-; exec "$@" ); }}
 talk() {{
   printf '%s %s\\n' "$$" "$#" >&6
-  IFS= read -r a <&{REPLY_FD} || return 0
-  [ "$a" = {ACCEPTED} ] || {{ [ "$a" = {DECLINED} ] && echo {DONE} >&6; return 0; }}
+  # the daemon has {ACK_WAIT} s to take the call (a stopped or hung one: Python does it);
+  # the watchdog writes t, killed with its sleep once an answer came
+  (trap 'kill "$p" 2>/dev/null; exit 0' TERM
+    "$w" {ACK_WAIT} & p=$!; wait "$p" && echo {TIMEOUT}
+  ) </dev/null >"$d/$k.r" 2>/dev/null {REPLY_FD}<&- 6>&- &
+  q=$!
+  IFS= read -r a <&{REPLY_FD} || a=
+  kill "$q" 2>/dev/null
+  case $a in
+  {ACCEPTED}) echo {GO} >&6 ;;
+  {DECLINED}) echo {DONE} >&6; return 0 ;;
+  {TIMEOUT}) echo {NO} >&6; return 0 ;;
+  *) return 0 ;;
+  esac
   r=
   while IFS= read -r a <&{REPLY_FD}; do
     case $a in
-    "{EXEC} "/*) echo {DONE} >&6; exec "${{a#{EXEC} }}" "$@" {REPLY_FD}<&- 6>&- ;;
-    "{SPAWN} "/*) r=${{a#{SPAWN} }}; "$r" "$@" {REPLY_FD}<&- 6>&-; echo "$?" >&6 ;;
+    {TIMEOUT}) ;;
+    "{EXEC} "/*|"{EXEC} "./*) echo {DONE} >&6; exec "${{a#{EXEC} }}" "$@" {REPLY_FD}<&- 6>&- ;;
+    "{SPAWN} "/*|"{SPAWN} "./*)
+      r=${{a#{SPAWN} }}; run "$r" "$@" 7>&2 2>/dev/null {REPLY_FD}<&- 6>&-; echo "$?" >&6 ;;
     "{EXIT} "[0-9]*) echo {DONE} >&6; exit "${{a#{EXIT} }}" ;;
     *) break ;;
     esac
@@ -147,7 +188,7 @@ nl='
 '
 c=${{NVSHIM_CACHE_DIR:-{sh_quote(default)}}}
 case $c in /*) ;; *) c={sh_quote(default)} ;; esac
-s=g h= v= cmd= id= n=0 j=
+s=g h= v= cmd= id= n=0 j= mk=
 for a do
   n=$((n + 1))
   case $s in
@@ -196,7 +237,7 @@ if [ -z "$h" ]; then
     if [ -z "$h" ]; then
       case $s$nb$np in o01|o11|p01|p11) ;; *) py "$@" ;; esac
       case $id in .|..|*/*) py "$@" ;; esac
-      [ -e "$c/{MARKER_DIR}/$id" ] && py "$@"
+      [ -e "$c/{MARKER_DIR}/$id" ] && mk=1
       j=${{b:-.}}/config.json
     fi ;;
   exec)
@@ -223,6 +264,19 @@ if [ -z "$h" ]; then
       case $id in .|..|*/*) py "$@" ;; esac
       [ -e "$c/{MARKER_DIR}/$id" ] && py "$@"
     fi ;;
+  delete)
+    # a container nvshim prepared: its marker goes once runc deleted it
+    k=0
+    for a do
+      k=$((k + 1))
+      [ "$k" -le "$n" ] && continue
+      case $a in
+      -f|--f|-force|--force) ;;
+      -?*) id=; break ;;
+      *) [ -z "$id" ] || {{ id=; break; }}; id=$a ;;
+      esac
+    done
+    case $id in ''|.|..|*/*) ;; *) [ -e "$c/{MARKER_DIR}/$id" ] && mk=1 ;; esac ;;
   esac
 fi
 f=$c/{FRONT_CACHE}
@@ -245,7 +299,12 @@ else
 fi
 [ -n "$j" ] || {{
   [ -z "$h" ] && [ "$v" ] && printf '%s\\n' {sh_quote(f"nvshim-runtime version {__version__}")}
-  exec "$rt" "$@"
+  [ -n "$mk" ] || exec "$rt" "$@"
+  "$rt" "$@"
+  k=$?
+  for g in /usr/bin/rm /bin/rm ''; do [ -n "$g" ] && [ -f "$g" ] && [ -x "$g" ] && break; done
+  [ "$k" -ne 0 ] || [ -z "$g" ] || "$g" -f -- "$c/{MARKER_DIR}/$id"
+  exit "$k"
 }}
 # a create or run from here on: the shell never reads this for other calls
 # gpu FILE: true unless FILE is a regular file in which grep finds none of the words
@@ -263,5 +322,7 @@ gpu() {{
   [ "$?" -ne 1 ]
 }}
 {served}gpu "$j" && {{ {ask}; }}
+# a stale marker (a deleted container's, not removed): Python drops it
+[ -z "$mk" ] || py "$@"
 exec "$rt" "$@"
 """

@@ -6,22 +6,35 @@ user reaches it), each a claim file and two FIFOs that every daemon process hold
 for reading and writing: ``K.r`` (daemon -> front) and ``K.u`` (front -> daemon). The
 front (``nvshim.runtime.front``, function ``srv``)
 
+0. uses the directory only if it is its own user's (``test -O``), no symlink, mode 0700,
+   in a cache directory of its user's that group and others cannot write (``ls -dnL``,
+   one process), and a slot only if both FIFOs are its user's and no symlinks: a
+   directory another user planted is never written to (Python does the call);
 1. claims a slot: creates ``K.c`` with ``set -C`` (``O_EXCL``), its pid inside;
 2. opens ``K.r`` for reading only (opening it read-write first, so the open never
    waits), so that a daemon that is gone reads as end of file, never as a hang;
-3. writes ``PID NARGS`` to ``K.u``: the parent reads it and hands the slot to a worker;
-4. follows the answers on ``K.r``, one a line:
-   ``a`` the worker took the call (before it, end of file or any other line: nothing was
-   done, Python does the call); ``f`` declined (Python does it); ``x RUNTIME`` exec it
+3. writes ``PID NARGS`` to ``K.u``: the parent reads it and hands the slot to a worker
+   (or declines at once when every worker is busy and no more may be added);
+4. waits ``ACK_WAIT`` seconds at most for the first answer: a watchdog subshell (killed,
+   with its ``sleep``, once an answer came) writes ``t`` to ``K.r``; on ``t`` the front
+   writes ``n`` to ``K.u`` and Python does the call (a stopped or hung daemon);
+5. follows the answers on ``K.r``, one a line:
+   ``a`` the worker took the call: the front writes ``y`` to ``K.u``, and only then does
+   the worker act (so a front that gave up and a worker that took the call never both
+   do it); before ``a``, end of file or any other line: nothing was done, Python does
+   the call; ``f`` declined (Python does it); ``x RUNTIME`` exec it
    with the call's arguments; ``s RUNTIME`` run it, write its exit status to ``K.u``;
    ``e CODE`` exit with it; ``l`` (or end of file) after ``a``: the daemon lost the
-   call, which fails (a container it had the front create is deleted);
-5. writes ``d`` to ``K.u`` once it has read its last answer; the worker then frees the
+   call, which fails (a container it had the front create is deleted); a late ``t`` is
+   skipped. RUNTIME is absolute or starts with ``./`` (found through a relative
+   ``PATH`` entry: the front runs in the caller's directory, as the worker looked);
+6. writes ``d`` to ``K.u`` once it has read its last answer; the worker then frees the
    slot. A slot whose caller did not say ``d`` is freed by the parent once the caller
    has exited; a claim never followed by a request, once its pid is gone.
 
 The worker takes the caller on from ``/proc/PID`` after checking that PID holds this
-slot's ``K.r`` at fd 5 and is in the daemon's namespaces: its arguments (the last
+slot's ``K.r`` at fd 5, is in the daemon's namespaces and has the privileges it had
+at start (``nvshim.runtime.daemon.caller_decline_reason``): its umask, arguments (the last
 ``NARGS`` of its command line), environment, working directory, and stdio with
 ``pidfd_getfd`` (the same open files, not reopened ones). A kernel or policy that refuses
 any of it declines; the front then starts Python, which asks over the socket.
@@ -39,11 +52,14 @@ import time
 
 from nvshim.errors import NvshimError
 from nvshim.fsutil import file_identity
-from nvshim.runtime.main import LowLevel
+from nvshim.runtime.lowlevel import LowLevel
 
 SLOTS = 128
 REPLY_FD = 5  # where the front holds K.r while it talks (checked by the worker)
 ACCEPTED, DECLINED, LOST, EXEC, SPAWN, EXIT, DONE = "a", "f", "l", "x", "s", "e", "d"
+GO, NO, TIMEOUT = "y", "n", "t"  # front -> worker after "a"; the front's watchdog's line
+ACK_WAIT = 2  # whole seconds (POSIX sleep) the front waits for the first answer
+GO_WAIT = 10.0  # seconds a worker waits for the front's "y" after its "a"
 STALE_CLAIM = 10.0  # seconds a claim may wait for its request before its pid is checked
 DONE_WAIT = 2.0  # seconds a worker waits for the front's ``d`` before leaving it to the parent
 _PIDFD_GETFD = 438  # the same number on every architecture (Linux 5.6)
@@ -195,7 +211,7 @@ class Caller:
     def _take(self, slots: Slots, k: int, pid: int, nargs: int, decline_reason) -> None:
         if file_identity(f"/proc/{pid}/fd/{REPLY_FD}") != slots.replies[k]:
             raise Declined(f"pid {pid} does not hold slot {k}")
-        why = decline_reason(pid)
+        why, self.umask = decline_reason(pid)
         if why is not None:
             raise Declined(why)
         try:
@@ -236,9 +252,11 @@ class SlotRemote(LowLevel):
         self.waited = 0.0
 
     def _runtime(self, runtime: str, argv: list[str], keep) -> str:
+        """``runtime`` as the front runs it: a relative path (found through a relative
+        ``PATH`` entry) starts with ``./``, and resolves in the caller's directory."""
         if list(argv) != self.argv or keep or "\n" in runtime:
             raise NvshimError("nvshim-runtimed: a slot can only run the call as it came")
-        return runtime
+        return runtime if runtime.startswith("/") else f"./{runtime}"
 
     def exec(self, runtime: str, argv: list[str], keep: list[int] = ()) -> None:
         runtime = self._runtime(runtime, argv, keep)

@@ -1053,3 +1053,165 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, uns
     set_str(pci->busId, sizeof(pci->busId), d->nvlink_peer);
     return NVML_SUCCESS;
 }
+
+/* ---- GPU and compute instances (what go-nvlib asks for a MIG device's profile) ---------
+ * A GPU-instance handle and a compute-instance handle are the first MIG device of that
+ * instance. Profile indexes 0..6 (NVML_GPU_INSTANCE_PROFILE_1_SLICE .. _6_SLICE, and the
+ * compute-instance ones alike) stand for 1, 2, 3, 4, 7, 8 and 6 slices; a profile's id is
+ * its index; the other indexes are NOT_SUPPORTED. Only engine profile 0 (shared) exists. */
+
+typedef struct fake_dev *nvmlGpuInstance_t;
+typedef struct fake_dev *nvmlComputeInstance_t;
+
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlInstancePlacement_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id;
+    unsigned int profileId;
+    nvmlInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id;
+    unsigned int profileId;
+    nvmlInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount;
+    unsigned int sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+static const unsigned k_profile_slices[] = {1, 2, 3, 4, 7, 8, 6};
+#define PROFILE_KINDS (sizeof(k_profile_slices) / sizeof(k_profile_slices[0]))
+
+static unsigned profile_index(unsigned slices)
+{
+    for (unsigned i = 0; i < PROFILE_KINDS; i++)
+        if (k_profile_slices[i] == slices)
+            return i;
+    return 0;
+}
+
+/* The first MIG device of GPU `gpu` in GPU instance `gi` (and compute instance `ci`, unless -1). */
+static struct fake_dev *find_instance(struct fake_dev *gpu, unsigned gi, long ci)
+{
+    for (unsigned i = g_ngpus; i < g_ndevs; i++) {
+        struct fake_dev *m = &g_devs[i];
+        if (m->parent == gpu->index && m->gi == gi && (ci < 0 || m->ci == (unsigned)ci))
+            return m;
+    }
+    return NULL;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                                 nvmlGpuInstance_t *gpuInstance)
+{
+    ENTER(device, d);
+    if (!gpuInstance || d->is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig_mode != 1)
+        return NVML_ERROR_NOT_SUPPORTED;
+    struct fake_dev *m = find_instance(d, id, -1);
+    if (!m)
+        return NVML_ERROR_NOT_FOUND;
+    *gpuInstance = m;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance,
+                                                          unsigned int id,
+                                                          nvmlComputeInstance_t *computeInstance)
+{
+    ENTER((nvmlDevice_t)gpuInstance, g);
+    if (!computeInstance || !g->is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_dev *m = find_instance(parent_of(g), g->gi, id);
+    if (!m)
+        return NVML_ERROR_NOT_FOUND;
+    *computeInstance = m;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance,
+                                           nvmlGpuInstanceInfo_t *info)
+{
+    ENTER((nvmlDevice_t)gpuInstance, g);
+    if (!info || !g->is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(info, 0, sizeof(*info));
+    info->device = (nvmlDevice_t)parent_of(g);
+    info->id = g->gi;
+    info->profileId = profile_index(g->gi_slices);
+    info->placement.size = g->gi_slices;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                                  nvmlComputeInstanceInfo_t *info)
+{
+    ENTER((nvmlDevice_t)computeInstance, c);
+    if (!info || !c->is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(info, 0, sizeof(*info));
+    info->device = (nvmlDevice_t)parent_of(c);
+    info->gpuInstance = find_instance(parent_of(c), c->gi, -1);
+    info->id = c->ci;
+    info->profileId = profile_index(c->ci_slices);
+    info->placement.size = c->ci_slices;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInstance,
+                                               nvmlComputeInstanceInfo_t *info)
+{
+    return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                        nvmlGpuInstanceProfileInfo_t *info)
+{
+    ENTER(device, d);
+    if (!info || d->is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig_mode != 1 || profile >= PROFILE_KINDS)
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof(*info));
+    info->id = profile;
+    info->sliceCount = k_profile_slices[profile];
+    for (unsigned i = g_ngpus; i < g_ndevs; i++) { /* what the topology's instances show */
+        struct fake_dev *m = &g_devs[i];
+        if (m->parent == d->index && m->gi_slices == info->sliceCount) {
+            info->multiprocessorCount = m->sm;
+            info->memorySizeMB = m->mem_total >> 20;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,
+    nvmlComputeInstanceProfileInfo_t *info)
+{
+    ENTER((nvmlDevice_t)gpuInstance, g);
+    if (!info || !g->is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (profile >= PROFILE_KINDS || engProfile != 0 || k_profile_slices[profile] > g->gi_slices)
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof(*info));
+    info->id = profile;
+    info->sliceCount = k_profile_slices[profile];
+    return NVML_SUCCESS;
+}

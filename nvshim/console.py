@@ -1,0 +1,65 @@
+"""What every command prints besides its result, without click (so a command may run
+without importing it): warnings on stderr, the config and the discovered host with theirs."""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False  # typing costs ~3 ms to import
+if TYPE_CHECKING:
+    from nvshim.config import Config
+    from nvshim.host.model import Host
+
+
+def warn(message: str) -> None:
+    """Print ``nvshim: warning: <message>`` on stderr."""
+    sys.stderr.write(f"nvshim: warning: {message}\n")
+
+
+def load_config_warn() -> Config:
+    """Load nvshim's config, printing its warnings to stderr."""
+    from nvshim.config import load_config
+
+    config = load_config()
+    for warning in config.warnings:
+        warn(warning)
+    return config
+
+
+def discover(driver_root: str, dev_root: str, quiet: bool = False) -> Host:
+    """Discover the host (always fresh, no cache) and print its warnings unless quiet."""
+    from nvshim.host.discover import discover_host
+
+    host = discover_host(driver_root, dev_root)
+    if not quiet:
+        for warning in host.warnings:
+            warn(warning)
+    return host
+
+
+def guarded(func, *args) -> None:
+    """Run ``func(*args)`` as a command: an NvshimError or OSError becomes one line and
+    its exit code, an unexpected error one line and 70 (a traceback with NVSHIM_DEBUG)."""
+    import os
+
+    from nvshim.errors import NvshimError
+
+    try:
+        func(*args)
+    except NvshimError as err:
+        sys.stderr.write(f"nvshim: error: {err}\n")
+        sys.exit(err.exit_code)
+    except OSError as err:
+        where = f"{err.filename}: " if err.filename else ""
+        sys.stderr.write(f"nvshim: error: {where}{err.strerror or err}\n")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as err:  # noqa: BLE001 - a bug must still be one line unless debugging
+        if os.environ.get("NVSHIM_DEBUG"):
+            raise
+        sys.stderr.write(
+            f"nvshim: internal error: {type(err).__name__}: {err} "
+            "(set NVSHIM_DEBUG=1 for a traceback)\n"
+        )
+        sys.exit(70)

@@ -5,7 +5,8 @@
   anything they left behind fails it;
 - ``k8s``: parametrized over both versions (tests on it run on 1.6, then 1.7);
   ``k8s_16`` / ``k8s_17``: one version only;
-- ``k8s_ns``: a fresh namespace for one test, deleted (without waiting) afterwards.
+- ``k8s_ns``: a fresh namespace for one test, deleted (without waiting) afterwards; its
+  pods and events go to the test's captured output (pytest shows them when it failed).
 
 A machine without the Kubernetes archive (``../shared/k8s``) skips these tests; where it is
 there, nothing skips.
@@ -71,4 +72,7 @@ def k8s_ns(request) -> str:
     cluster.kubectl("create", "namespace", ns)
     cluster.wait_service_account(ns)
     yield ns
+    # shown by pytest only when the test failed: what the namespace held and its events
+    state = cluster.kubectl("get", "pods,events", "-n", ns, "-o", "wide", check=False)
+    print(f"== kubectl get pods,events -n {ns}\n{state.stdout}{state.stderr}")
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

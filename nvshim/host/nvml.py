@@ -52,6 +52,7 @@ class NvmlMig:
     uuid: str
     profile: str
     memory_total: int
+    multiprocessors: int | None = None
 
 
 @record
@@ -200,6 +201,7 @@ def _gpu(pynvml, index: int) -> NvmlGpu:
                         memory,
                     ),
                     memory_total=pynvml.nvmlDeviceGetMemoryInfo(mig).total,
+                    multiprocessors=attrs.multiprocessorCount,
                 )
             )
     return gpu

@@ -31,6 +31,7 @@ DRA_SERVICES = {
 }
 PLUGIN_TYPE = "DRAPlugin"
 WATCH_INTERVAL = 1.0
+MAX_SOCKET_PATH = 107  # sun_path less its NUL
 
 
 def log(line: str) -> None:
@@ -80,8 +81,12 @@ class _Socket:
         _unlink(self.path)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         server.add_generic_rpc_handlers(self.handlers)
-        if not server.add_insecure_port(f"unix://{self.path}"):
-            raise OSError(f"cannot listen on {self.path}")
+        if len(self.path.encode()) > MAX_SOCKET_PATH:
+            raise OSError(f"{self.path}: longer than {MAX_SOCKET_PATH} bytes (a socket's limit)")
+        try:
+            server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError:
+            raise OSError(f"{self.path}: cannot listen on this socket") from None
         server.start()
         self.server = server
         self.identity = _identity(self.path)

@@ -522,3 +522,28 @@ def test_bad_kubeconfig_is_one_line(tmp_path, sim):
     assert out.stderr.strip().splitlines() == [
         f"nvshim: error: kubeconfig {bad}: no usable current context"
     ]
+
+
+def test_specs_name_the_nodes_paths_when_run_in_a_pod(api, sim, short_tmp, monkeypatch):
+    """In the DaemonSet discovery runs under the node's / mounted at --host-root; the
+    claim spec must name the node's own paths (what containerd on the node opens)."""
+    simhost, config = sim
+    monkeypatch.setenv("NVSHIM_CONFIG", config)
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    root = simhost.root.rstrip("/")
+    driver = Driver(api.kube, NODE, host, load_config(), str(short_tmp / "cdi"),
+                    str(short_tmp / "p"), str(short_tmp / "mps"), host_root=root)  # fmt: skip
+    claim = _allocated_claim(api, "in-pod", [("gpu", "gpu-0")])
+    try:
+        assert driver.prepare(claim)["error"] == ""
+        spec = json.loads(open(spec_path(str(short_tmp / "cdi"), claim["uid"])).read())
+        text = json.dumps(spec)
+        assert root not in text
+        (device,) = spec["devices"]
+        node = device["containerEdits"]["deviceNodes"][0]
+        assert node["path"] == f"/dev/nvidia{host.gpu(0).minor}" and "hostPath" not in node
+        libs = [m["hostPath"] for m in spec["containerEdits"]["mounts"]]
+        assert any(p.startswith("/usr/lib/") and "libcuda.so" in p for p in libs), libs
+    finally:
+        driver.unprepare(claim)
+        api.kube.delete(f"{CLAIMS}/in-pod")

@@ -45,10 +45,19 @@ def dra() -> None:
     metavar="DIR",
     help="Where the claims' MPS daemons keep their pipe, log and shm directories.",
 )
+@click.option(
+    "--host-root",
+    default="/",
+    show_default=True,
+    metavar="DIR",
+    help="Where the node's / is mounted (in a pod: /host); CDI specs name the node's paths.",
+)
 @click.option("--interval", default=5.0, show_default=True, help="Host check period (s).")
 @click.option("--resync", default=60.0, show_default=True, help="Slice resync period (s).")
 @root_options
-def run(node_name, kubeconfig, kubelet_dir, cdi_dir, mps_root, interval, resync, **roots) -> None:
+def run(
+    node_name, kubeconfig, kubelet_dir, cdi_dir, mps_root, host_root, interval, resync, **roots
+) -> None:
     """Serve the kubelet plugin and keep this node's ResourceSlices current."""
     from nvshim.dra.kube import connect
     from nvshim.dra.run import run as run_plugin
@@ -64,6 +73,7 @@ def run(node_name, kubeconfig, kubelet_dir, cdi_dir, mps_root, interval, resync,
         os.path.abspath(mps_root),
         interval,
         resync,
+        os.path.abspath(host_root),
     )
 
 

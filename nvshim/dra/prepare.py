@@ -69,6 +69,7 @@ class Driver:
         cdi_dir: str,
         plugin_dir: str,
         mps_root: str,
+        host_root: str = "/",
     ):
         self.kube = kube
         self.node = node
@@ -77,6 +78,7 @@ class Driver:
         self.cdi_dir = cdi_dir
         self.plugin_dir = plugin_dir
         self.mps_root = mps_root
+        self.host_root = host_root
         self.lock = threading.Lock()
         self.claims: dict[str, dict[str, Any]] = self._load()
 
@@ -227,14 +229,22 @@ class Driver:
         refused = mps_unsupported(devices[0])
         if refused:
             raise PrepareError(f"{where}: {refused}: {MPS_ON_MIG}")
-        share = self._start_mps(devices[0], config)
-        entry["mps"].append(devices[0].uuid)
+        limits = {
+            "uuid": devices[0].uuid,
+            "threads": config.threads,
+            "memory_mib": config.memory_mib,
+        }
+        share = self._start_mps(limits)
+        entry["mps"].append(limits)
         return edits.merge(mps_device_edits(share, self.mps_root))
 
-    def _start_mps(self, device, config: GpuConfig):
+    def _start_mps(self, limits: dict[str, Any]):
+        """Start (or find running) the MPS daemon of one claim device with its limits."""
         from nvshim.mps.daemon import start_daemon
         from nvshim.mps.sharing import MIB, SharedDevice
 
+        device = next(g for g in self.host.gpus if g.uuid == limits["uuid"])
+        whole = device.memory_total // MIB
         share = SharedDevice(
             uuid=device.uuid,
             name=str(device.index),
@@ -242,10 +252,8 @@ class Driver:
             replicas=1,
             fail_requests_greater_than_one=False,
             memory_total=device.memory_total,
-            threads=config.threads,
-            memory_mib=min(
-                config.memory_mib or device.memory_total // MIB, device.memory_total // MIB
-            ),
+            threads=limits["threads"],
+            memory_mib=min(limits["memory_mib"] or whole, whole),
         )
         status = start_daemon(self.host, share, self.mps_root)
         if not status.running:
@@ -259,19 +267,31 @@ class Driver:
 
         caps = parse_capabilities(None, self.config.get("policy", "default-capabilities"), [])
         hook_path = self.config.get("runtime", "hook-path")
+        view = self.host_view()
+        by_name = {name: view_device(view, d) for name, d in by_name.items()}
         devices = []
         for r in results:
             device = by_name[r["device"]]
-            edits = device_edits(device, self.host).merge(per_request[r["request"]])
+            edits = device_edits(device, view).merge(per_request[r["request"]])
             devices.append({"name": f"{uid}-{r['device']}", "containerEdits": edits.to_cdi()})
         spec: dict[str, Any] = {
             "cdiVersion": "",
             "kind": f"{CDI_VENDOR}/{CDI_CLASS}",
             "devices": devices,
-            "containerEdits": common_edits(self.host, caps, hook_path).to_cdi(),
+            "containerEdits": common_edits(view, caps, hook_path).to_cdi(),
         }
         spec["cdiVersion"] = spec_min_version(spec)
         return spec
+
+    def host_view(self) -> Host:
+        """The host with the paths the node's runtime sees: discovery under ``host_root``
+        (the node's / mounted in the plugin's pod) moved back to /."""
+        if self.host_root in ("", "/"):
+            return self.host
+        from nvshim.node.hostview import rebase_host
+
+        pair = (self.host_root, "/")
+        return rebase_host(self.host, pair, pair)
 
     def _write_spec(self, uid: str, spec: dict[str, Any]) -> None:
         from nvshim.fsutil import atomic_write
@@ -298,8 +318,8 @@ class Driver:
             pass
         if entry is None:
             return
-        for uuid in entry.get("mps") or ():
-            self._stop_mps(uuid)
+        for limits in entry.get("mps") or ():
+            self._stop_mps(limits["uuid"])
         del self.claims[uid]
         self._save()
 
@@ -333,6 +353,12 @@ class Driver:
                         f"unprepared claim {entry['namespace']}/{entry['name']} ({uid}): "
                         "no longer allocated"
                     )
+                    continue
+                for limits in entry.get("mps") or ():  # daemons die with the plugin's pod
+                    try:
+                        self._start_mps(limits)
+                    except (NvshimError, StopIteration) as err:
+                        lines.append(f"claim {entry['name']}: MPS daemon: {err}")
             for name in _listdir(self.cdi_dir):
                 if name.startswith(SPEC_PREFIX) and name.endswith(".json"):
                     uid = name[len(SPEC_PREFIX) : -len(".json")]
@@ -351,6 +377,13 @@ class Driver:
             except FileNotFoundError:
                 pass
             return True
+
+
+def view_device(view: Host, device):
+    """The device of the same UUID in ``view``."""
+    from nvshim.host.edits import all_devices
+
+    return next(d for d in all_devices(view) if d.uuid == device.uuid)
 
 
 def _listdir(path: str) -> list[str]:

@@ -83,6 +83,7 @@ def run(
     mps_root: str,
     interval: float = 5.0,
     resync: float = 60.0,
+    host_root: str = "/",
 ) -> None:
     """Run until SIGTERM or SIGINT."""
     from nvshim.dra import DRIVER_NAME
@@ -93,7 +94,7 @@ def run(
         signal.signal(signum, lambda *_: stop.set())
     host = discover_host(driver_root, dev_root)
     plugin_dir = os.path.join(kubelet_dir, "plugins", DRIVER_NAME)
-    driver = Driver(kube, node, host, config, cdi_dir, plugin_dir, mps_root)
+    driver = Driver(kube, node, host, config, cdi_dir, plugin_dir, mps_root, host_root)
     for line in driver.reconcile():
         log(line)
     plugin = Plugin(driver, kubelet_dir)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
 
-from nvshim.dra.kube import from_kubeconfig
+from nvshim.dra.kube import Kube, from_kubeconfig
 
 
 def _free_port() -> int:
@@ -98,6 +99,7 @@ class ApiServer:
                 "--tls-private-key-file", str(pki / "apiserver.key"),
                 "--client-ca-file", str(pki / "ca.crt"),
                 "--authorization-mode", "RBAC",
+                "--allow-privileged=true",
                 "--service-account-issuer", "https://kubernetes.default.svc",
                 "--service-account-key-file", str(pki / "sa.pub"),
                 "--service-account-signing-key-file", str(pki / "sa.key"),
@@ -114,7 +116,12 @@ class ApiServer:
             "contexts:\n- name: t\n  context: {cluster: t, user: a}\ncurrent-context: t\n"
         )
         self.kube = from_kubeconfig(str(self.kubeconfig))
+        self.ca = str(pki / "ca.crt")
         self._wait_ready()
+
+    def as_token(self, token: str) -> Kube:
+        """A client authenticating with ``token`` only (no client certificate)."""
+        return Kube(self.kube.server, ssl.create_default_context(cafile=self.ca), token)
 
     def _start(self, name: str, argv: list[str]) -> None:
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - kept for the process

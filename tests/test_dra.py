@@ -547,3 +547,96 @@ def test_specs_name_the_nodes_paths_when_run_in_a_pod(api, sim, short_tmp, monke
     finally:
         driver.unprepare(claim)
         api.kube.delete(f"{CLAIMS}/in-pod")
+
+
+def _manifests() -> list[dict]:
+    import yaml
+
+    from tests.conftest import REPO
+
+    out = subprocess.run(
+        ["kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+PATHS = {
+    "Namespace": "/api/v1/namespaces",
+    "ServiceAccount": "/api/v1/namespaces/nvshim/serviceaccounts",
+    "ConfigMap": "/api/v1/namespaces/nvshim/configmaps",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+    ),
+    "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
+    "DaemonSet": "/apis/apps/v1/namespaces/nvshim/daemonsets",
+}
+
+
+def test_manifests_rbac_and_policy_hold_on_a_real_api_server(api, sim):
+    """The manifests are accepted (CEL type-checked), and a token of the plugin's service
+    account bound to a pod on node A may write A's slices and read claims, not B's slices."""
+    for doc in _manifests():
+        api.kube.create(PATHS[doc["kind"]], doc)
+    api.kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                      "metadata": {"name": NODE}})  # fmt: skip
+    pod = api.kube.create(
+        "/api/v1/namespaces/nvshim/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "plugin"},
+            "spec": {
+                "nodeName": NODE,
+                "serviceAccountName": "nvshim-dra",
+                "containers": [{"name": "c", "image": "x"}],
+            },
+        },
+    )
+    token = api.kube.create(
+        "/api/v1/namespaces/nvshim/serviceaccounts/nvshim-dra/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [],
+                "boundObjectRef": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": "plugin",
+                    "uid": pod["metadata"]["uid"],
+                },  # fmt: skip
+            },
+        },
+    )["status"]["token"]
+    plugin = api.as_token(token)
+    simhost, config = sim
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    devices = slices.slice_devices(host, load_config(config), [])
+    node_uid = api.kube.get(f"/api/v1/nodes/{NODE}")["metadata"]["uid"]
+    deadline = time.monotonic() + 30
+    while True:  # the policy takes effect once the API server has loaded it
+        try:
+            slices.publish(plugin, "other-node", devices, None)
+        except slices.KubeError as err:
+            assert err.status == 422, err  # a policy denial is Invalid
+            assert "may only write ResourceSlices of its own node dra-node" in str(err)
+            break
+        slices.withdraw(api.kube, "other-node")
+        assert time.monotonic() < deadline, "the admission policy never took effect"
+        time.sleep(0.5)
+    assert slices.publish(plugin, NODE, devices, node_uid).startswith("published")
+    (mine,) = slices.node_slices(plugin, NODE)
+    assert mine["metadata"]["ownerReferences"][0]["uid"] == node_uid
+    claim = _allocated_claim(api, "readable", [("gpu", "gpu-0")])
+    assert plugin.get(f"{CLAIMS}/readable")["metadata"]["uid"] == claim["uid"]
+    with pytest.raises(slices.KubeError) as denied:
+        plugin.get("/api/v1/namespaces/nvshim/secrets")
+    assert denied.value.status == 403
+    assert slices.withdraw(plugin, NODE) == 1
+    api.kube.delete(f"{CLAIMS}/readable")

@@ -135,7 +135,7 @@ class ApiServer:
                     raise RuntimeError(f"{proc.args[0]} exited: see {self.root}")
             try:
                 self.kube.get("/apis/resource.k8s.io/v1/resourceslices")
-                self.kube.get("/api/v1/namespaces/default/serviceaccounts")
+                self.kube.get("/api/v1/namespaces/default")
                 return
             except Exception:  # noqa: BLE001 - not up yet
                 time.sleep(0.3)

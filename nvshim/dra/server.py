@@ -24,6 +24,10 @@ from concurrent import futures
 
 from nvshim.dra import DRIVER_NAME, wire
 
+# MPS daemons are started by fork+exec from a handler thread: gRPC's fork handlers are
+# for children that keep using gRPC, which these never do (and they log a line each time).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 REGISTRATION_SERVICE = "pluginregistration.Registration"
 DRA_SERVICES = {
     "v1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",

@@ -640,3 +640,40 @@ def test_manifests_rbac_and_policy_hold_on_a_real_api_server(api, sim):
     assert denied.value.status == 403
     assert slices.withdraw(plugin, NODE) == 1
     api.kube.delete(f"{CLAIMS}/readable")
+
+
+@pytest.mark.parametrize(
+    "env, code",
+    [
+        (["NVIDIA_REQUIRE_CUDA=cuda>=12.0 brand=tesla"], 0),
+        (["NVIDIA_REQUIRE_CUDA=cuda>=13.0"], 1),
+        (["NVIDIA_REQUIRE_ARCH=arch>=10.0"], 1),
+        (["NVIDIA_REQUIRE_CUDA=cuda>=13.0", "NVIDIA_DISABLE_REQUIRE=true"], 0),
+        ([], 0),
+    ],
+)
+def test_claim_spec_checks_the_images_requirements(api, node, launchers, tmp_path, env, code):
+    """The claim spec's createRuntime hook, run as the runtime runs it (the OCI state on
+    stdin, the bundle's config.json holding the image's env)."""
+    plugin, driver, dirs = node
+    claim = _allocated_claim(api, "req", [("gpu", "gpu-0")])
+    assert _prepare(plugin, [claim])[claim["uid"]]["error"] == ""
+    (device,) = _spec(dirs, claim["uid"])["devices"]
+    (hook,) = [h for h in device["containerEdits"]["hooks"] if "require-check" in h["args"]]
+    assert hook["hookName"] == "createRuntime"
+    gpu = driver.host.gpu(0)
+    assert (
+        hook["args"][hook["args"].index("--device") + 1] == f"{gpu.compute_capability}:{gpu.brand}"
+    )
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin", *env]}}))
+    config = tmp_path / "hook.toml"
+    config.write_text(f'[runtime]\nlog-file = "{tmp_path / "log"}"\n')
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "pid": 1, "bundle": str(bundle)})
+    args = [f"{launchers}/nvshim-hook", "--config", str(config), *hook["args"][1:]]
+    proc = subprocess.run(args, input=state, capture_output=True, text=True, env=dict(
+        e.split("=", 1) for e in hook["env"]))  # fmt: skip
+    assert proc.returncode == code, proc.stderr
+    if code:
+        assert proc.stderr.count("\n") == 1 and "requirement not met" in proc.stderr

@@ -214,7 +214,10 @@ class Driver:
 
     def _request_edits(self, request, devices, config: GpuConfig, entry) -> ContainerEdits:
         """The edits every device of one request carries: its GPUs by UUID, and MPS."""
-        edits = ContainerEdits(env=[f"CUDA_VISIBLE_DEVICES={','.join(d.uuid for d in devices)}"])
+        edits = ContainerEdits(
+            env=[f"CUDA_VISIBLE_DEVICES={','.join(d.uuid for d in devices)}"],
+            hooks=[self._require_hook(devices)],
+        )
         if config.strategy != "MPS":
             return edits
         from nvshim.mps.enforce import mps_device_edits
@@ -237,6 +240,19 @@ class Driver:
         share = self._start_mps(limits)
         entry["mps"].append(limits)
         return edits.merge(mps_device_edits(share, self.mps_root))
+
+    def _require_hook(self, devices):
+        """The createRuntime hook refusing a container whose ``NVIDIA_REQUIRE_*`` this
+        request's devices and the host's driver do not meet (the image's env is known only
+        when the container is created)."""
+        from nvshim.hook.entries import hook_entry
+        from nvshim.policy.resolve import requirement_facts
+
+        args = ["--cuda", self.host.cuda_version, "--driver", self.host.driver_version]
+        for cc, brand in requirement_facts(self.host, devices):
+            args += ["--device", f"{cc}:{brand}"]
+        hook_path = self.config.get("runtime", "hook-path")
+        return hook_entry(hook_path, "createRuntime", "require-check", *args)
 
     def _start_mps(self, limits: dict[str, Any]):
         """Start (or find running) the MPS daemon of one claim device with its limits."""

@@ -3,8 +3,9 @@ MIG device as a device with the attributes an operator selects on and its capaci
 
 A GPU in MIG mode is offered only through its MIG devices (as nvshim's CDI specs do), so
 the scheduler can never hand out a GPU and one of its MIG devices at once. Attribute names
-without a domain belong to the driver (``gpu.nvshim.io/productName`` in CEL); the PCIe root
-uses the standard ``resource.kubernetes.io/pcieRoot`` so NIC drivers can align with it.
+without a domain belong to the driver (``device.attributes["gpu.nvshim.io"].productName``
+in CEL); the PCI address, PCIe root and NUMA node use the standard
+``resource.kubernetes.io/`` names, so NIC and CPU drivers can align with them.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from typing import Any
 from nvshim.dra import DRIVER_NAME, device_name
 from nvshim.dra.kube import RESOURCE_API, Kube, KubeError
 from nvshim.host.model import Gpu, Host, MigDevice
+from nvshim.host.pcie import bdf_from_bus_id
 
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
+# the standard attributes other drivers align on (matchAttribute constraints)
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
 SLICES = f"{RESOURCE_API}/resourceslices"
 
 
@@ -62,8 +67,8 @@ def _common(gpu: Gpu, host: Host, places: dict[str, dict[str, Any]]) -> dict[str
         "cudaComputeCapability": ("version", gpu.compute_capability),
         "driverVersion": ("version", host.driver_version),
         "cudaDriverVersion": ("version", host.cuda_version),
-        "pciBusID": gpu.pci_bus_id.lower(),
-        "numaNode": gpu.numa_node if gpu.numa_node is not None and gpu.numa_node >= 0 else None,
+        PCI_BUS_ID: bdf_from_bus_id(gpu.pci_bus_id),
+        NUMA_NODE: gpu.numa_node if gpu.numa_node is not None and gpu.numa_node >= 0 else None,
         PCIE_ROOT: place.get("pcie_root"),
         "rdmaNic": place.get("nic"),
     }

@@ -346,6 +346,11 @@ class Driver:
         result = stop_daemon(self.host, uuid, self.mps_root, None)
         if result.problem:
             raise PrepareError(f"MPS daemon of {uuid}: {result.problem}")
+        import shutil
+
+        from nvshim.mps.daemon import daemon_dirs
+
+        shutil.rmtree(daemon_dirs(self.mps_root, uuid).base)  # the claim's own: nothing left
 
     # -- restart ------------------------------------------------------------------------
     def reconcile(self) -> list[str]:

@@ -1,6 +1,6 @@
 """A real kube-apiserver (with its etcd) and nothing else, for the DRA driver's API-side tests
-(ResourceSlices, claims): the binaries of ``../shared/k8s`` (unpacked once into the test
-cache), certificates from the openssl CLI, an admin kubeconfig. About 5 s to start."""
+(ResourceSlices, claims): the cluster harness's binaries and certificates (tests/k8s), an
+admin kubeconfig. About 2 s to start."""
 
 from __future__ import annotations
 
@@ -12,57 +12,14 @@ import time
 from pathlib import Path
 
 from nvshim.dra.kube import Kube, from_kubeconfig
+from tests.k8s.artifacts import k8s_bin
+from tests.k8s.pki import kubeconfig, make_pki
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _openssl(pki: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=pki, check=True, capture_output=True)
-
-
-def _pki(pki: Path) -> None:
-    pki.mkdir(parents=True)
-    _openssl(pki, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key")
-    _openssl(pki, "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=dra-test-ca",
-             "-days", "2", "-out", "ca.crt")  # fmt: skip
-    for name, subject, ext in (
-        ("apiserver", "/CN=kube-apiserver", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
-        ("admin", "/O=system:masters/CN=admin", "extendedKeyUsage=clientAuth"),
-    ):
-        _openssl(pki, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", f"{name}.key")
-        _openssl(pki, "req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr")
-        (pki / f"{name}.ext").write_text(ext + "\n")
-        _openssl(pki, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
-                 "-out", f"{name}.crt")  # fmt: skip
-    _openssl(pki, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key")
-    _openssl(pki, "ec", "-in", "sa.key", "-pubout", "-out", "sa.pub")
-
-
-def k8s_bin() -> str:
-    """The Kubernetes binaries of ../shared/k8s, unpacked once into the test cache."""
-    import glob
-    import hashlib
-
-    from tests.debroot import REPO, cached
-
-    found = sorted(
-        glob.glob(os.path.join(os.path.dirname(REPO), "shared/k8s/kubernetes-*-linux-amd64.tar.xz"))
-        + glob.glob("/work/shared/k8s/kubernetes-*-linux-amd64.tar.xz")
-    )
-    archive = found[-1]
-    with open(archive, "rb") as fh:
-        digest = hashlib.file_digest(fh, "sha256").hexdigest()
-
-    def build(path: str) -> None:
-        os.makedirs(path)
-        subprocess.run(["tar", "-C", path, "-xJf", archive], check=True, capture_output=True)
-
-    return cached("k8s-bin", {"sha256": digest}, build)
 
 
 class ApiServer:
@@ -72,7 +29,7 @@ class ApiServer:
         self.root = root
         self.procs: list[subprocess.Popen] = []
         pki = root / "pki"
-        _pki(pki)
+        make_pki(pki, "dra-node", "127.0.0.1", "10.96.0.1")
         etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
         self._start(
             "etcd",
@@ -106,15 +63,8 @@ class ApiServer:
                 "--service-cluster-ip-range", "10.96.0.0/24",
             ],
         )  # fmt: skip
-        self.kubeconfig = root / "admin.kubeconfig"
-        self.kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters:\n- name: t\n  cluster:\n    certificate-authority: {pki / 'ca.crt'}\n"
-            f"    server: https://127.0.0.1:{api_port}\n"
-            f"users:\n- name: a\n  user:\n    client-certificate: {pki / 'admin.crt'}\n"
-            f"    client-key: {pki / 'admin.key'}\n"
-            "contexts:\n- name: t\n  context: {cluster: t, user: a}\ncurrent-context: t\n"
-        )
+        server = f"https://127.0.0.1:{api_port}"
+        self.kubeconfig = kubeconfig(root / "admin.kubeconfig", pki, "admin", server)
         self.kube = from_kubeconfig(str(self.kubeconfig))
         self.ca = str(pki / "ca.crt")
         self._wait_ready()

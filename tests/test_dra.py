@@ -27,6 +27,7 @@ from tests.conftest import NVSHIM, run_nvshim
 from tests.dra_api import ApiServer
 from tests.sim import fake_mps_control
 from tests.sim.simhost import build_host
+from tests.test_mps_daemon import _alive
 
 NODE = "dra-node"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
@@ -407,14 +408,6 @@ def test_mps_claim_starts_its_daemon_with_the_claim_limits(api, node):
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_mps_refusals_match_the_sharing_config(api, node):

@@ -546,9 +546,10 @@ def _manifests() -> list[dict]:
     import yaml
 
     from tests.conftest import REPO
+    from tests.k8s.artifacts import k8s_bin
 
     out = subprocess.run(
-        ["kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
+        [f"{k8s_bin()}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     return [d for d in yaml.safe_load_all(out) if d]

@@ -106,7 +106,7 @@ def cluster(launchers):
     with open(config, "w") as fh:
         fh.write(f'[runtime]\nhook-path = "{launchers}/nvshim-hook"\nlog-file = "{tmp}/hook.log"\n')
     docs = yaml.safe_load_all(
-        subprocess.run(["kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
+        subprocess.run([f"{c.k8s_bin}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
                        capture_output=True, text=True, check=True).stdout
     )  # fmt: skip
     c.apply([d for d in docs if d and d["kind"] == "DeviceClass"])

@@ -105,10 +105,11 @@ def cluster(launchers):
     config = os.path.join(tmp, "config.toml")
     with open(config, "w") as fh:
         fh.write(f'[runtime]\nhook-path = "{launchers}/nvshim-hook"\nlog-file = "{tmp}/hook.log"\n')
-    docs = yaml.safe_load_all(
-        subprocess.run([f"{c.k8s_bin}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
-                       capture_output=True, text=True, check=True).stdout
-    )  # fmt: skip
+    rendered = subprocess.run(
+        [f"{c.k8s_bin}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    docs = yaml.safe_load_all(rendered)
     c.apply([d for d in docs if d and d["kind"] == "DeviceClass"])
     plugin = Plugin(c, config, os.path.join(tmp, "plugin.log"))
     plugin.start()

@@ -671,3 +671,32 @@ def test_claim_spec_checks_the_images_requirements(api, node, launchers, tmp_pat
     assert proc.returncode == code, proc.stderr
     if code:
         assert proc.stderr.count("\n") == 1 and "requirement not met" in proc.stderr
+
+
+def test_claim_config_overrides_the_class_config_per_request():
+    from nvshim.dra.params import configs_for_requests
+
+    def opaque(strategy: str, threads: int | None = None) -> dict:
+        mps = {"mps": {"activeThreadPercentage": threads}} if threads else {}
+        return {"driver": DRIVER_NAME, "parameters": {
+            "apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
+            "sharing": {"strategy": strategy, **mps}}}  # fmt: skip
+
+    allocation = {
+        "devices": {
+            "config": [
+                # the claim's entries come first here: the class's must still apply first
+                {"source": "FromClaim", "requests": ["a"], "opaque": opaque("MPS", 25)},
+                {"source": "FromClass", "requests": [], "opaque": opaque("MPS", 60)},
+                {"source": "FromClaim", "requests": ["b"], "opaque": opaque("TimeSlicing")},
+                {
+                    "source": "FromClaim",
+                    "opaque": {"driver": "other.example.com", "parameters": {"x": 1}},
+                },  # fmt: skip
+            ]
+        }
+    }
+    got = configs_for_requests(allocation, ["a", "b", "c/sub"])
+    assert (got["a"].strategy, got["a"].threads) == ("MPS", 25)
+    assert got["b"].strategy == "TimeSlicing"
+    assert (got["c/sub"].strategy, got["c/sub"].threads) == ("MPS", 60)

@@ -535,6 +535,11 @@ def test_specs_name_the_nodes_paths_when_run_in_a_pod(api, sim, short_tmp, monke
         (device,) = spec["devices"]
         node = device["containerEdits"]["deviceNodes"][0]
         assert node["path"] == f"/dev/nvidia{host.gpu(0).minor}" and "hostPath" not in node
+        hooks = spec["containerEdits"]["hooks"] + device["containerEdits"]["hooks"]
+        assert hooks and all(  # the pod's config path means nothing on the node
+            not any(e.startswith(("NVSHIM_CONFIG=", "NVSHIM_CACHE_DIR=")) for e in h["env"])
+            for h in hooks
+        )
         libs = [m["hostPath"] for m in spec["containerEdits"]["mounts"]]
         assert any(p.startswith("/usr/lib/") and "libcuda.so" in p for p in libs), libs
     finally:

@@ -289,15 +289,28 @@ class Driver:
         for r in results:
             device = by_name[r["device"]]
             edits = device_edits(device, view).merge(per_request[r["request"]])
+            edits = self._node_hooks(edits)
             devices.append({"name": f"{uid}-{r['device']}", "containerEdits": edits.to_cdi()})
+        common = self._node_hooks(common_edits(view, caps, hook_path))
         spec: dict[str, Any] = {
             "cdiVersion": "",
             "kind": f"{CDI_VENDOR}/{CDI_CLASS}",
             "devices": devices,
-            "containerEdits": common_edits(view, caps, hook_path).to_cdi(),
+            "containerEdits": common.to_cdi(),
         }
         spec["cdiVersion"] = spec_min_version(spec)
         return spec
+
+    def _node_hooks(self, edits: ContainerEdits) -> ContainerEdits:
+        """In a pod (``host_root`` set) the hooks run on the node, where the pod's
+        ``NVSHIM_CONFIG``/``NVSHIM_CACHE_DIR`` paths mean nothing: they get the bare hook env
+        and so the node's own nvshim config."""
+        if self.host_root in ("", "/"):
+            return edits
+        from nvshim.hook.entries import HOOK_ENV
+        from nvshim.record import replace
+
+        return replace(edits, hooks=[replace(h, env=HOOK_ENV) for h in edits.hooks])
 
     def host_view(self) -> Host:
         """The host with the paths the node's runtime sees: discovery under ``host_root``

@@ -180,13 +180,16 @@ def _output(k8s, ns: str, pod: str) -> dict[str, list[str]]:
     return out
 
 
-def _prepared(plugin, ns: str) -> list[str]:
-    """The devices the plugin prepared for the claims of namespace ``ns`` (its log: a
-    claim made from a template is gone once its pod has ended)."""
-    devices = []
-    for line in plugin.log().splitlines():
+def _prepared(log: str, ns: str) -> list[str]:
+    """The devices the plugin's ``log`` says it prepared for the claims of namespace ``ns``
+    (a claim made from a template is gone once its pod has ended); the kubelet may ask
+    again (prepare is idempotent): each device once."""
+    devices: list[str] = []
+    for line in log.splitlines():
         if f"prepare {ns}/" in line and "[" in line:
-            devices += line.split("): ", 1)[1].rsplit(" [", 1)[0].split(", ")
+            for device in line.split("): ", 1)[1].rsplit(" [", 1)[0].split(", "):
+                if device not in devices:
+                    devices.append(device)
     return devices
 
 
@@ -213,7 +216,7 @@ def test_claim_template_gives_the_pod_exactly_its_gpu(cluster, ns):
     _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
            _pod("p", {"resourceClaimTemplateName": "one"}))  # fmt: skip
     out = _output(k8s, ns, "p")
-    (device,) = _prepared(plugin, ns)
+    (device,) = _prepared(plugin.log(), ns)
     gpu = _host(k8s).gpu(int(device.split("-")[1]))
     assert out["node"] == [f"nvidia{gpu.minor}"]
     assert out["cvd"] == [gpu.uuid]
@@ -229,7 +232,7 @@ def test_cel_selector_picks_a_mig_device_by_profile(cluster, ns):
     request = {"deviceClassName": "mig.nvshim.io", "selectors": [{"cel": {"expression": selector}}]}
     _apply(k8s, ns, _template("mig", request), _pod("p", {"resourceClaimTemplateName": "mig"}))
     out = _output(k8s, ns, "p")
-    (device,) = _prepared(plugin, ns)
+    (device,) = _prepared(plugin.log(), ns)
     mig = next(m for m in host.mig_devices() if device == f"mig-{m.parent_index}-{m.index}")
     assert mig.profile == profile
     assert out["cvd"] == [mig.uuid]
@@ -268,7 +271,7 @@ def test_mps_claim_gets_its_daemon_and_limits(cluster, ns):
     ]
     _apply(k8s, ns, template, _pod("p", {"resourceClaimTemplateName": "mps"}))
     out = _output(k8s, ns, "p")
-    (device,) = _prepared(plugin, ns)
+    (device,) = _prepared(plugin.log(), ns)
     gpu = _host(k8s).gpu(int(device.split("-")[1]))
     mps = dict(line.split("=", 1) for line in out["mps"])
     assert mps == {
@@ -371,3 +374,61 @@ def test_uninstall_leaves_nothing(cluster):
     assert not os.path.isdir(mps) or os.listdir(mps) == []  # claim daemons' dirs removed
     with open(f"/proc/{k8s.pid}/mountinfo") as fh:
         assert "dra-mps" not in fh.read()  # and their shm mounts
+
+
+def test_daemonset_deploys_the_driver(cluster, ns, launchers):
+    """After the uninstall above: packaging/kubernetes/dra as shipped (the node image, its
+    service account token, RBAC, the admission policy), the simulated driver root and a
+    test hook path patched in; a pod gets its GPU through it; deleting it removes the
+    plugin's sockets."""
+    k8s, _ = cluster
+    tag = k8s.import_node_image()
+    rendered = subprocess.run(
+        [f"{k8s.k8s_bin}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    for doc in docs:
+        if doc["kind"] == "DaemonSet":
+            (container,) = doc["spec"]["template"]["spec"]["containers"]
+            container["image"], container["imagePullPolicy"] = tag, "Never"
+            container["command"] = [
+                f"--{a[2:].split('=')[0]}=/host{DRIVER_ROOT}"
+                if a.startswith(("--driver-root=", "--dev-root="))
+                else a
+                for a in container["command"]
+            ]
+        if doc["kind"] == "ConfigMap":  # the node's hook: this checkout's launcher
+            doc["data"]["config.toml"] = f'[runtime]\nhook-path = "{launchers}/nvshim-hook"\n'
+    manifest = yaml.safe_dump_all(docs)
+    k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present=true")
+    try:
+        k8s.apply(manifest)
+        _wait(lambda: k8s.get("pods", "-n", "nvshim")["items"], 60)
+        k8s.wait("pod", "-n", "nvshim", "-l", "app.kubernetes.io/name=nvshim-dra",
+                 "--for=condition=Ready", timeout=180)  # fmt: skip
+        _wait(
+            lambda: k8s.get("resourceslices")["items"],
+            60,
+            lambda: k8s.kubectl("logs", "-n", "nvshim", "ds/nvshim-dra", check=False).stdout,
+        )
+        (one,) = k8s.get("resourceslices")["items"]
+        assert one["spec"]["nodeName"] == NODE_NAME  # written under the admission policy
+        _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
+               _pod("p", {"resourceClaimTemplateName": "one"}))  # fmt: skip
+        out = _output(k8s, ns, "p")
+        logs = k8s.kubectl("logs", "-n", "nvshim", "ds/nvshim-dra").stdout
+        (device,) = _prepared(logs, ns)
+        gpu = _host(k8s).gpu(int(device.split("-")[1]))
+        assert out["cvd"] == [gpu.uuid] and out["node"] == [f"nvidia{gpu.minor}"]
+        k8s.kubectl("delete", "pod", "-n", ns, "p", "--wait=true", "--timeout=60s")
+        _wait(lambda: _cdi_specs(k8s) == [], 60)
+    finally:
+        k8s.kubectl("delete", "-f", "-", "--wait=true", "--timeout=120s", "--ignore-not-found",
+                    input=manifest, check=False)  # fmt: skip
+        k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present-", check=False)
+    _wait(lambda: not os.path.exists(k8s.path(REG_SOCK)), 60)
+    assert not os.path.exists(k8s.path(PLUGIN_DIR))
+    proc = k8s.nsenter([NVSHIM, "dra", "withdraw", f"--kubeconfig={k8s.kubeconfig}",
+                        f"--node-name={NODE_NAME}"])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr

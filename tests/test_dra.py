@@ -418,6 +418,14 @@ def test_mps_refusals_match_the_sharing_config(api, node):
     on_mig = _allocated_claim(api, "mps-mig", [("g", f"mig-{mig.parent_index}-{mig.index}")], mps)
     error = _prepare(plugin, [on_mig])[on_mig["uid"]]["error"]
     assert "sharing with MPS is not supported for MIG devices" in error
+    # request a (gpu-0) starts its daemon, request b (the MIG device) is refused: a's
+    # daemon is stopped again and its directories removed
+    half = _allocated_claim(
+        api, "mps-half", [("a", "gpu-0"), ("b", f"mig-{mig.parent_index}-{mig.index}")], mps
+    )
+    error = _prepare(plugin, [half])[half["uid"]]["error"]
+    assert "request b" in error and "not supported for MIG devices" in error
+    assert not os.path.exists(os.path.join(dirs["mps"], driver.host.gpu(0).uuid))
     two = _allocated_claim(api, "mps-two", [("g", "gpu-0"), ("g", "gpu-5")], mps)
     assert "exactly one device" in _prepare(plugin, [two])[two["uid"]]["error"]
     typo = {**mps, "sharing": {"strategy": "MPS", "mps": {"activeThreadPercent": 20}}}

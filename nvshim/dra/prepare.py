@@ -37,6 +37,10 @@ class PrepareError(NvshimError):
     """A claim this node cannot prepare (returned to the kubelet as the claim's error)."""
 
 
+class ClaimGone(PrepareError):
+    """The claim the kubelet (or the checkpoint) names no longer exists under that UID."""
+
+
 def spec_path(cdi_dir: str, uid: str) -> str:
     """Where the claim's CDI spec lives."""
     return os.path.join(cdi_dir, f"{SPEC_PREFIX}{uid}.json")
@@ -114,6 +118,8 @@ class Driver:
                 entry = self._prepare(claim)
         except NvshimError as err:
             return {"devices": [], "error": str(err)}
+        except Exception as err:  # noqa: BLE001 - the kubelet gets a line and retries
+            return {"devices": [], "error": f"internal error: {type(err).__name__}: {err}"}
         devices = [
             {
                 "request_names": [d["request"]],
@@ -162,11 +168,21 @@ class Driver:
         except ParamsError as err:
             raise PrepareError(f"claim {entry['namespace']}/{entry['name']}: {err}") from None
         per_request = {}
-        for request in requests:
-            devices = [by_name[r["device"]] for r in results if r["request"] == request]
-            per_request[request] = self._request_edits(request, devices, configs[request], entry)
-        spec = self._spec(uid, results, by_name, per_request)
-        self._write_spec(uid, spec)
+        try:
+            for request in requests:
+                devices = [by_name[r["device"]] for r in results if r["request"] == request]
+                per_request[request] = self._request_edits(
+                    request, devices, configs[request], entry
+                )
+            spec = self._spec(uid, results, by_name, per_request)
+            self._write_spec(uid, spec)
+        except BaseException:
+            for limits in entry["mps"]:  # daemons this attempt started: not left behind
+                try:
+                    self._stop_mps(limits["uuid"])
+                except (NvshimError, OSError):
+                    pass  # the first error is the one to report
+            raise
         entry["devices"] = [
             {
                 "request": r["request"],
@@ -186,9 +202,10 @@ class Driver:
         try:
             obj = self.kube.get(f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{name}")
         except KubeError as err:
-            raise PrepareError(f"claim {ns}/{name}: {err}") from None
+            kind = ClaimGone if err.status == 404 else PrepareError
+            raise kind(f"claim {ns}/{name}: {err}") from None
         if obj.get("metadata", {}).get("uid") != claim.get("uid"):
-            raise PrepareError(
+            raise ClaimGone(
                 f"claim {ns}/{name} has UID {obj.get('metadata', {}).get('uid')}, "
                 f"the kubelet asked for {claim.get('uid')}"
             )
@@ -377,11 +394,11 @@ class Driver:
                 try:
                     obj = self._read_claim(claim)
                     live = bool((obj.get("status") or {}).get("allocation"))
-                except PrepareError as err:
-                    if "404" not in str(err) and "has UID" not in str(err):
-                        lines.append(f"kept claim {entry['namespace']}/{entry['name']}: {err}")
-                        continue
+                except ClaimGone:
                     live = False
+                except PrepareError as err:  # the API unreachable: decide next restart
+                    lines.append(f"kept claim {entry['namespace']}/{entry['name']}: {err}")
+                    continue
                 if not live:
                     self._unprepare(uid)
                     lines.append(

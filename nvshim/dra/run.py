@@ -52,7 +52,7 @@ class Publisher:
                 log("host changed: rediscovered")
             warnings: list[str] = []
             devices = slices.slice_devices(self.driver.host, self.driver.config, warnings)
-            for warning in warnings:
+            for warning in warnings if changed else ():  # once per host state
                 log(f"warning: {warning}")
             if self.node_uid is None:
                 self.node_uid = _node_uid(self.kube, self.node)

@@ -713,3 +713,38 @@ def test_claim_config_overrides_the_class_config_per_request():
     assert (got["a"].strategy, got["a"].threads) == ("MPS", 25)
     assert got["b"].strategy == "TimeSlicing"
     assert (got["c/sub"].strategy, got["c/sub"].threads) == ("MPS", 60)
+
+
+def test_publisher_rewrites_the_slices_when_the_host_changes(api, tmp_path, short_tmp):
+    """The refresh key (device nodes here) changes: rediscovery, a new pool generation
+    without the GPU whose node went away; unchanged: nothing sent until the resync."""
+    from nvshim.dra.run import Publisher
+
+    simhost = build_host("single", str(tmp_path / "host"))
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    config = tmp_path / "config.toml"
+    config.write_text(f'[host]\ndriver-root = "{simhost.driver_root}"\n')
+    scratch = [str(short_tmp / d) for d in ("cdi", "p", "mps")]
+    driver = Driver(api.kube, "change-node", host, load_config(str(config)), *scratch)
+    publisher = Publisher(api.kube, "change-node", driver, simhost.driver_root, simhost.dev_root)
+    publisher.tick(resync=3600)
+    (first,) = slices.node_slices(api.kube, "change-node")
+    assert [d["name"] for d in first["spec"]["devices"]] == ["gpu-0"]
+    publisher.tick(resync=3600)  # nothing changed: the slice is not rewritten
+    (same,) = slices.node_slices(api.kube, "change-node")
+    assert same["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    node = os.path.join(simhost.dev_root, "dev", f"nvidia{host.gpu(0).minor}")
+    os.rename(node, node + ".away")
+    try:
+        publisher.tick(resync=3600)
+    finally:
+        os.rename(node + ".away", node)
+    (changed,) = slices.node_slices(api.kube, "change-node")
+    assert changed["spec"].get("devices", []) == []  # the API leaves an empty list out
+    assert changed["spec"]["pool"]["generation"] == 2
+    assert driver.host.gpus == []  # prepare sees the new host too
+    publisher.tick(resync=3600)
+    (back,) = slices.node_slices(api.kube, "change-node")
+    assert [d["name"] for d in back["spec"]["devices"]] == ["gpu-0"]
+    assert back["spec"]["pool"]["generation"] == 3
+    slices.withdraw(api.kube, "change-node")

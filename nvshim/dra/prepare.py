@@ -294,7 +294,7 @@ class Driver:
         return share
 
     def _spec(self, uid, results, by_name, per_request) -> dict[str, Any]:
-        from nvshim.cdi.version import spec_min_version
+        from nvshim.cdi.writer import assemble_spec
         from nvshim.host.edits import common_edits, device_edits
         from nvshim.policy.capabilities import parse_capabilities
 
@@ -309,14 +309,7 @@ class Driver:
             edits = self._node_hooks(edits)
             devices.append({"name": f"{uid}-{r['device']}", "containerEdits": edits.to_cdi()})
         common = self._node_hooks(common_edits(view, caps, hook_path))
-        spec: dict[str, Any] = {
-            "cdiVersion": "",
-            "kind": f"{CDI_VENDOR}/{CDI_CLASS}",
-            "devices": devices,
-            "containerEdits": common.to_cdi(),
-        }
-        spec["cdiVersion"] = spec_min_version(spec)
-        return spec
+        return assemble_spec(CDI_VENDOR, CDI_CLASS, devices, common)
 
     def _node_hooks(self, edits: ContainerEdits) -> ContainerEdits:
         """In a pod (``host_root`` set) the hooks run on the node, where the pod's

@@ -23,6 +23,7 @@ setup(
         "pyroute2>=0.7",
         "jsonschema>=4.18",
         "prometheus-client>=0.17",
+        "grpcio>=1.60",  # nvshim dra: the kubelet plugin's gRPC servers
     ],
     extras_require={
         "test": [

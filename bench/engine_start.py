@@ -20,7 +20,9 @@
 ``nvshim-runtimed`` runs for every nvshim case but the "no daemon" one, as the package
 and the node installer deploy it.
 
-Run as root: ``.venv/bin/python3 bench/engine_start.py [--rounds N]``. Targets (issue 12):
+Run as root: ``.venv/bin/python3 bench/engine_start.py [--rounds N]`` (on a simulated
+host; ``--driver-root R [--dev-root D]``: on the host's real driver, as the real-GPU kit
+runs it). Targets (issue 12):
 pass-through <= 1.2x runc; engine level with no GPU <= 1.1x runc; a 1-GPU create adds
 <= 2 interpreter starts.
 """
@@ -233,19 +235,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--inner", help=argparse.SUPPRESS)
+    parser.add_argument("--driver-root", help="a real driver root (default: a simulated host)")
+    parser.add_argument("--dev-root", default="/", help="with --driver-root (default /)")
     opts = parser.parse_args()
     if opts.inner:
         inner(opts.inner, opts.rounds)
         return
     with tempfile.TemporaryDirectory() as work:
-        sim = build_host("single", os.path.join(work, "host"))
+        if opts.driver_root:  # the real-GPU kit: the host's own driver and devices
+            roots = (opts.driver_root, opts.dev_root)
+        else:
+            sim = build_host("single", os.path.join(work, "host"))
+            roots = (sim.driver_root, sim.dev_root)
         bin_dir = os.path.join(work, "bin")
         write_launchers(bin_dir, cache_dir=os.path.join(work, "cache"))
         alone = os.path.join(work, "bin-alone")
         write_launchers(alone, cache_dir=os.path.join(work, "cache-alone"))
         with open(os.path.join(work, "config.toml"), "w") as fh:
             fh.write(
-                f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
+                f'[host]\ndriver-root = "{roots[0]}"\ndev-root = "{roots[1]}"\n'
                 f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{work}/log"\n'
                 f'state-dir = "{work}/state-nvshim"\n[policy]\naccept-env-unprivileged = true\n'
             )

@@ -160,7 +160,8 @@ def log_decision(
         line = format_json(tool, container_id, fields)
     else:
         line = format_record(tool, container_id, fields)
-    _append(settings, tool, line.encode("utf-8", "replace"))
+    # an error is the one line the engine shows: a log that cannot take it adds none
+    _append(settings, tool, line.encode("utf-8", "replace"), quiet=error is not None)
 
 
 def _open(path: str) -> int:
@@ -172,12 +173,13 @@ def _open(path: str) -> int:
         return os.open(path, flags, 0o640)
 
 
-def _append(settings: Settings, tool: str, data: bytes) -> None:
+def _append(settings: Settings, tool: str, data: bytes, quiet: bool = False) -> None:
     path = settings.path
     try:
         fd = _open(path)
     except OSError as err:
-        print(f"{tool}: warning: cannot write log {path}: {err.strerror}", file=sys.stderr)
+        if not quiet:
+            print(f"{tool}: warning: cannot write log {path}: {err.strerror}", file=sys.stderr)
         return
     try:
         if settings.max_size and os.fstat(fd).st_size + len(data) > settings.max_size:
@@ -189,7 +191,8 @@ def _append(settings: Settings, tool: str, data: bytes) -> None:
             fd = _open(path)
         os.write(fd, data)
     except OSError as err:
-        print(f"{tool}: warning: cannot write log {path}: {err.strerror}", file=sys.stderr)
+        if not quiet:
+            print(f"{tool}: warning: cannot write log {path}: {err.strerror}", file=sys.stderr)
     finally:
         if fd >= 0:
             os.close(fd)

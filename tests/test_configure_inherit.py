@@ -35,6 +35,19 @@ def runtime(path: Path, name: str = "nvshim") -> dict:
     return table[name]
 
 
+def default_runtime(tmp_path: Path, name: str, kind: str, options: str) -> Path:
+    """A config v2 whose default runtime ``name`` has type ``kind`` and ``options``
+    (TOML lines of its options table, then any further tables)."""
+    config = tmp_path / "config.toml"
+    cri = '[plugins."io.containerd.grpc.v1.cri".containerd'
+    config.write_text(
+        f'version = 2\n{cri}]\n  default_runtime_name = "{name}"\n'
+        f'{cri}.runtimes.{name}]\n  runtime_type = "{kind}"\n'
+        f"{cri}.runtimes.{name}.options]\n{options}"
+    )
+    return config
+
+
 def one_error_line(err: str) -> str:
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("nvshim: error: "), err
@@ -141,15 +154,8 @@ def test_bad_config_source_is_one_line(tmp_path, capsys):
 
 
 def test_a_default_runtime_of_another_type_is_copied_with_a_warning(tmp_path, capsys):
-    config = tmp_path / "config.toml"
-    config.write_text(
-        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
-        '  default_runtime_name = "kata"\n'
-        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]\n'
-        '  runtime_type = "io.containerd.kata.v2"\n'
-        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata.options]\n'
-        '  ConfigPath = "/etc/kata/configuration.toml"\n'
-    )
+    config = default_runtime(tmp_path, "kata", "io.containerd.kata.v2",
+                             '  ConfigPath = "/etc/kata/configuration.toml"\n')  # fmt: skip
     code, out, err = run_cli(capsys, "configure", *ctd(config))
     assert code == 0, err
     assert "warning: the default runtime's type is io.containerd.kata.v2" in out
@@ -295,3 +301,23 @@ def test_crio_config_source_command_reads_crio_status_config(tmp_path, capsys, m
     assert code == 0, err
     table = tomllib.loads(dropin.read_text())["crio"]["runtime"]["runtimes"]["nvshim"]
     assert table["runtime_root"] == "/file"
+
+
+def test_what_a_v1_default_runtime_cannot_carry_over_is_named(tmp_path, capsys):
+    """A v1.linux default runtime's runc binary, options without a runc v2 equivalent and
+    the v1 plugin's shim settings are each named in a warning; what has an equivalent is
+    carried over (the corpus cases hold the exact bytes)."""
+    config = default_runtime(
+        tmp_path, "runc", "io.containerd.runtime.v1.linux",
+        '  Runtime = "/opt/bin/runc-custom"\n  RuntimeRoot = "/run/v1-root"\n'
+        '  Root = "/run/ignored-by-v1"\n  NoPivotRoot = true\n  Terminal = true\n'
+        '[plugins."io.containerd.runtime.v1.linux"]\n  shim_debug = true\n',
+    )  # fmt: skip
+    code, out, err = run_cli(capsys, "configure", *ctd(config))
+    assert code == 0, err
+    assert "runs /opt/bin/runc-custom: nvshim-runtime runs the low-level runtime" in out
+    assert "io.containerd.runtime.v1.linux options Terminal have no io.containerd.runc.v2" in out
+    assert "shim_debug of the io.containerd.runtime.v1.linux plugin have no" in out
+    options = runtime(config)["options"]
+    assert options == {"BinaryName": "/usr/bin/nvshim-runtime", "Root": "/run/v1-root",
+                       "NoPivotRoot": True}  # fmt: skip

@@ -214,7 +214,7 @@ def test_resolve_in_root_keeps_absolute_links_inside(tmp_path):
         (["--root=/r", "run", "-b", "/b", "--detach", "c2"], "run", "/b", "c2", None),
         (["--systemd-cgroup", "create", "--bundle=/b", "c3"], "create", "/b", "c3", None),
         (["--root", "create", "state", "c4"], "state", None, None, None),  # a value named create
-        (["delete", "--force", "c5"], "delete", None, None, None),
+        (["delete", "--force", "c5"], "delete", None, "c5", None),  # delete names its container
         (["--version"], None, None, None, None),
     ],
 )

@@ -203,7 +203,7 @@ def run_kit(tmp_path, *args: str, env: dict | None = None) -> tuple[int, dict, s
         capture_output=True,
         text=True,
         env=env,
-        timeout=600,
+        timeout=1500,
     )
     assert out.exists(), proc.stdout + proc.stderr
     text = out.read_text()
@@ -216,7 +216,7 @@ def test_kit_on_a_simulated_host(sim_hosts, tmp_path):
     rc, rows, text = run_kit(
         tmp_path,
         *("--driver-root", sim.driver_root, "--dev-root", sim.dev_root),
-        *("--nvidia-smi", smi, "--runs", "1", "--work", str(tmp_path)),
+        *("--nvidia-smi", smi, "--runs", "1", "--engine-rounds", "1", "--work", str(tmp_path)),
     )
     failed = {k: v for k, v in rows.items() if v["status"] == "fail"}
     assert rc == 0 and not failed, failed
@@ -231,7 +231,8 @@ def test_kit_on_a_simulated_host(sim_hosts, tmp_path):
     wanted |= {"runc: none: device nodes", "nvshim info --json", "info vs nvidia-smi --query-gpu",
                "MIG devices vs nvidia-smi -L", "cdi generate + validate", "CDI host paths exist",
                "NVIDIA_REQUIRE_CUDA above the driver refused", "host left unchanged",
-               "1-GPU create overhead vs bare runc"}  # fmt: skip
+               "1-GPU create overhead vs bare runc", "nvshim-runtimed serves 1-GPU creates",
+               "engine benchmark (bench/engine_start.py)"}  # fmt: skip
     assert wanted <= passed, wanted - passed
     assert rows["MPS sharing"]["status"] == "skip"
     assert "compute mode" in rows["MPS sharing"]["detail"]
@@ -253,8 +254,18 @@ def test_kit_on_a_simulated_host(sim_hosts, tmp_path):
     assert "## Findings (failed checks)\n\nnone\n" in text
     assert (
         "8 x NVIDIA H100 80GB HBM3, driver 550.90.12 (CUDA ?): "
-        "19 checks passed, 0 failed, 13 skipped" in text
+        "21 checks passed, 0 failed, 13 skipped" in text
     )
+    # nvshim-runtimed served the kit's creates, the later ones through a slot
+    served = rows["nvshim-runtimed serves 1-GPU creates"]["detail"]
+    assert served.startswith("3 1-GPU runs of 0 served (socket, slot "), served
+    # the engine benchmark ran on the kit's host and its table is in the report
+    bench = rows["engine benchmark (bench/engine_start.py)"]["detail"]
+    assert bench.startswith("1 rounds; create, 1 GPU (runc: no GPU)"), bench
+    section = text.split("## Engine benchmark (bench/engine_start.py)\n\n```\n", 1)[1]
+    for case in ("pass-through call (list)", "podman run --rm true, 1 GPU",
+                 "CRI pod + container, 1 GPU", "yardstick: python3 -IS -c pass"):  # fmt: skip
+        assert case in section.split("```", 1)[0], section
     assert not [p for p in os.listdir(tmp_path) if p.startswith("nvshim-kit-")]  # cleaned up
 
 
@@ -282,6 +293,8 @@ def test_kit_skips_what_this_host_lacks(sim_hosts, tmp_path):
     }
     assert rows["podman: all: device nodes"]["detail"] == "podman: podman not found on PATH"
     assert rows["1-GPU create overhead vs bare runc"]["status"] == "skip"
+    assert rows["nvshim-runtimed serves 1-GPU creates"]["detail"] == "runc: runc not found on PATH"
+    assert rows["engine benchmark (bench/engine_start.py)"]["status"] == "skip"
     assert rows["cdi generate + validate"]["status"] == "pass"
     assert rows["host left unchanged"]["status"] == "pass"
 

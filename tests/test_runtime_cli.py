@@ -618,3 +618,18 @@ def test_real_runc_no_gpu_create_untouched_gpu_create_edited(tmp_path, sim_hosts
     assert "nvidia0" in proc.stdout.split()
     assert "nvshim.io/injected" in json.load(open(os.path.join(gpu, "config.json")))["annotations"]
     assert count_lines(starts) > 1
+
+
+def test_every_launcher_prints_its_version(launchers):
+    """``--version`` of each isolated launcher: its name and nvshim's version, first line,
+    exit 0 (nvshim-runtime goes on with the low-level runtime's own lines)."""
+    from nvshim import __version__
+    from nvshim.launch import LAUNCHERS
+
+    env = {**RUNC_ENV, "PATH": os.environ["PATH"]}
+    for name in LAUNCHERS:
+        proc = subprocess.run([os.path.join(launchers, name), "--version"],
+                              capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, (name, proc.stderr)
+        assert proc.stdout.splitlines()[0] == f"{name} version {__version__}", proc.stdout
+        assert proc.stderr == ""

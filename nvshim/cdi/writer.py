@@ -66,10 +66,12 @@ def build_spec(
     if devices and all_device:
         everything = everything.merge(all_edits or ContainerEdits())
         devices.append({"name": "all", "containerEdits": everything.to_cdi()})
-    return _spec(vendor, cls, devices, common_edits(host, capabilities, hook_path))
+    return assemble_spec(vendor, cls, devices, common_edits(host, capabilities, hook_path))
 
 
-def _spec(vendor: str, cls: str, devices: list, common: ContainerEdits) -> dict[str, Any]:
+def assemble_spec(vendor: str, cls: str, devices: list, common: ContainerEdits) -> dict[str, Any]:
+    """A spec of ``devices`` (CDI dicts) and spec-level ``common`` edits, at the minimum
+    ``cdiVersion`` its content needs."""
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": f"{vendor}/{cls}",
@@ -96,7 +98,7 @@ def build_management_spec(
         nodes += [n for n in found if n is not None]
     edits = ContainerEdits(device_nodes=[node_edit(n) for n in nodes])
     devices = [{"name": "all", "containerEdits": edits.to_cdi()}] if nodes else []
-    return _spec(vendor, cls, devices, common_edits(host, ("utility",), hook_path))
+    return assemble_spec(vendor, cls, devices, common_edits(host, ("utility",), hook_path))
 
 
 def dump_spec(spec: dict[str, Any], fmt: str) -> str:

@@ -21,6 +21,7 @@ COMMANDS = {
     "install": ("nvshim.cli.install:install", "Install the runtime and hook launchers."),
     "mps": ("nvshim.cli.mps:mps", "Run and inspect the per-GPU MPS control daemons."),
     "node": ("nvshim.cli.node:node", "Install nvshim on a Kubernetes node (DaemonSet entrypoint)."),
+    "dra": ("nvshim.cli.dra:dra", "Kubernetes DRA driver gpu.nvshim.io (kubelet plugin)."),
     "doctor": ("nvshim.cli.doctor:doctor", "Check whether GPU pods can run on this node."),
     "exporter": ("nvshim.cli.exporter:exporter", "Serve the node's Prometheus metrics."),
     "system": ("nvshim.cli.system:system", "Host setup: create missing /dev/nvidia* nodes."),

@@ -25,9 +25,16 @@ from nvshim.record import replace
 RUNC_V2 = "io.containerd.runc.v2"
 RUNC_TYPES = (RUNC_V2, "io.containerd.runc.v1")
 V1_LINUX = "io.containerd.runtime.v1.linux"
-# io.containerd.runtime.v1.linux options -> runc v2 options (Runtime, the runc binary, is
-# replaced by BinaryName = nvshim-runtime)
-V1_OPTIONS = {"RuntimeRoot": "Root", "CriuPath": "CriuPath", "SystemdCgroup": "SystemdCgroup"}
+# io.containerd.runtime.v1.linux options (its RuncOptions, and the per-task CreateOptions
+# people write beside them) -> runc v2 options; Runtime, the runc binary, is replaced by
+# BinaryName = nvshim-runtime. RuntimeRoot (what v1 reads) wins over a Root beside it.
+V1_OPTIONS = {
+    "RuntimeRoot": "Root",
+    **{name: name for name in ("Root", "NoPivotRoot", "NoNewKeyring", "ShimCgroup", "IoUid",
+                               "IoGid", "CriuPath", "CriuImagePath", "CriuWorkPath",
+                               "SystemdCgroup")},
+}  # fmt: skip
+V1_ENTRY_KEYS = ("runtime_engine", "runtime_root")  # v1 only: folded into the options
 LEGACY_DEFAULT = "default"  # containerd 1.x names its legacy default_runtime table so
 REFERENCE_BINARY = "nvidia-container-runtime"
 CDI_ANNOTATIONS = "cdi.k8s.io/*"
@@ -198,18 +205,35 @@ def _options(table: dict, merged: dict, cri: Keys, warnings: list[str]) -> dict:
             f" {RUNC_V2} entry; check them (--runtime-config-override)"
         )
         return options
-    out = {new: options[old] for old, new in V1_OPTIONS.items() if old in options}
-    if not options:
-        cri_table = _at(merged, cri)
-        linux = _at(merged, ("plugins", "linux")) or _at(
-            merged, ("plugins", "io.containerd.runtime.v1.linux")
+    out: dict = {}
+    for old, new in V1_OPTIONS.items():
+        if old in options:
+            out.setdefault(new, options[old])
+    dropped = sorted(set(options) - set(V1_OPTIONS) - {"Runtime"})
+    if dropped:
+        warnings.append(
+            f"the default runtime's {V1_LINUX} options {', '.join(dropped)} have no"
+            f" {RUNC_V2} equivalent: not carried over"
         )
-        if cri_table.get("systemd_cgroup") is True:
-            out["SystemdCgroup"] = True
-        if isinstance(linux.get("runtime_root"), str) and linux["runtime_root"]:
-            out["Root"] = linux["runtime_root"]
-    section = _at(merged, cri + ("containerd",))
-    if section.get("no_pivot") is True:
+    linux = _at(merged, ("plugins", "linux")) or _at(merged, ("plugins", V1_LINUX))
+    legacy = not options  # containerd reads the entry's own keys and the CRI table then
+    if legacy and _at(merged, cri).get("systemd_cgroup") is True:
+        out["SystemdCgroup"] = True
+    for root in (table.get("runtime_root") if legacy else None, linux.get("runtime_root")):
+        if "Root" not in out and isinstance(root, str) and root:
+            out["Root"] = root
+    engine = options.get("Runtime") or table.get("runtime_engine") or linux.get("runtime")
+    if isinstance(engine, str) and os.path.basename(engine) not in ("", "runc"):
+        warnings.append(
+            f"the default runtime runs {engine}: nvshim-runtime runs the low-level runtime"
+            " its own config names ([runtime] runtimes)"
+        )
+    shim = [key for key in ("no_shim", "shim_debug") if linux.get(key) is True]
+    if shim:
+        warnings.append(
+            f"{' and '.join(shim)} of the {V1_LINUX} plugin have no {RUNC_V2} equivalent"
+        )
+    if _at(merged, cri + ("containerd",)).get("no_pivot") is True:
         out.setdefault("NoPivotRoot", True)
     return out
 
@@ -249,8 +273,10 @@ def runtime_table(
         source = table
         break
     entry: dict = {"runtime_type": RUNC_V2}
+    skip = ("runtime_type", "options")
+    skip += V1_ENTRY_KEYS if source.get("runtime_type") == V1_LINUX else ()
     for key, value in source.items():
-        if key not in ("runtime_type", "options"):
+        if key not in skip:
             entry[key] = value
     if s.enable_cdi:
         annotations = entry.get("container_annotations")

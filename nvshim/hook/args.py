@@ -40,6 +40,15 @@ STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] =
         {},
         ("uuid",),
     ),
+    "require-check": (
+        "refuse the container when its NVIDIA_REQUIRE_* do not hold (DRA claim specs)",
+        {
+            "--cuda": ("one", "VERSION", "the newest CUDA the host driver supports"),
+            "--driver": ("one", "VERSION", "the host driver version"),
+            "--device": ("list", "CC:BRAND", "a device's compute capability and brand"),
+        },
+        (),
+    ),
     "rdma-pair": (
         "claim paired RDMA NICs, move their netdevs into the container's netns (createRuntime)",
         {
@@ -72,6 +81,9 @@ class HookArgs:
         self.steps: list[str] = []
         self.claim: list[str] = []
         self.netdev: list[str] = []
+        self.cuda: str | None = None
+        self.driver: str | None = None
+        self.device: list[str] = []
 
     def __repr__(self) -> str:
         return f"HookArgs({self.command!r}, config={self.config!r})"

@@ -99,6 +99,20 @@ def apply_edits(state, rootfs: str, edits, ctx: Context) -> dict:
     return fields
 
 
+def require_check(state, args: HookArgs) -> dict:
+    """A claim spec's createRuntime check: the container's ``NVIDIA_REQUIRE_*`` (from its
+    config.json) against the host facts the spec was written with. RequirementError
+    refuses the container."""
+    from nvshim.hook.state import load_spec
+    from nvshim.policy.request import requirements_of, spec_env
+    from nvshim.policy.require import check_requirements
+
+    requirements, disabled = requirements_of(spec_env(load_spec(state.bundle)))
+    devices = [tuple(d.split(":", 1)) for d in args.device if ":" in d]
+    check_requirements(requirements, args.cuda or "", args.driver or "", devices, disabled)
+    return {"requirements": ",".join(sorted(requirements)) or "none", "disabled": disabled}
+
+
 def _run(args: HookArgs, state, ctx: Context) -> dict | None:
     if args.command == "prestart":
         return prestart(state, ctx)
@@ -112,6 +126,8 @@ def _run(args: HookArgs, state, ctx: Context) -> dict | None:
         sharing = ctx.config.values["sharing"]
         warning = check_daemon(sharing["mps-root"], args.uuid, sharing["on-daemon-down"])
         return {"device": args.uuid, "mps_warning": warning}
+    if args.command == "require-check":
+        return require_check(state, args)
     from nvshim.hook.state import annotations, load_spec, rootfs_path
     from nvshim.oci.modify import INJECTED_ANNOTATION
 

@@ -19,6 +19,7 @@ import os
 
 from nvshim.errors import NvshimError, one_line
 from nvshim.hook import kernel
+from nvshim.runtime import fault_point
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ def while_writable(fd: int, path: str, shown: str, fn: Callable[[], Any]) -> Any
                 f"{shown}: the container root's file system is itself read-only; "
                 "nvshim cannot write its files, links and ld cache into it"
             )
+        fault_point("writable")
         return fn()
     except BaseException as err:
         failure = err

@@ -49,7 +49,16 @@ def discover_host(driver_root: str = "/", dev_root: str = "/") -> Host:
                 continue
             migs.append(
                 MigDevice(
-                    g.index, m.index, m.gi, m.ci, m.uuid, m.profile, m.memory_total, gi_cap, ci_cap
+                    g.index,
+                    m.index,
+                    m.gi,
+                    m.ci,
+                    m.uuid,
+                    m.profile,
+                    m.memory_total,
+                    gi_cap,
+                    ci_cap,
+                    m.multiprocessors,
                 )
             )
         numa = devices.numa_node(dev_root, g.pci_bus_id)

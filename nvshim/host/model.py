@@ -63,6 +63,7 @@ class MigDevice:
     memory_total: int  # bytes
     gi_cap: NodeInfo | None = None
     ci_cap: NodeInfo | None = None
+    multiprocessors: int | None = None  # streaming multiprocessors (NVML MIG attributes)
 
     @property
     def name_index(self) -> str:

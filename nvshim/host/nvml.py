@@ -51,6 +51,7 @@ class NvmlMig:
     uuid: str
     profile: str
     memory_total: int
+    multiprocessors: int | None = None
 
 
 @record
@@ -242,11 +243,12 @@ class Nvml:
         self("nvmlDeviceGetPciInfo_v3", handle, info)
         return info.raw[36:68].split(b"\0", 1)[0].decode()  # busId[32] after 36 bytes
 
-    def attributes(self, handle) -> tuple[int, int, int]:
-        """A MIG device's GPU-instance and compute-instance slices and memory (MiB)."""
+    def attributes(self, handle) -> tuple[int, int, int, int]:
+        """A MIG device's GPU-instance and compute-instance slices, memory (MiB) and
+        multiprocessors."""
         attrs = (self.ctypes.c_uint * 10)()  # nvmlDeviceAttributes_t: 8 uints, then a u64
         self("nvmlDeviceGetAttributes_v2", handle, attrs)
-        return attrs[6], attrs[7], attrs[8] | attrs[9] << 32
+        return attrs[6], attrs[7], attrs[8] | attrs[9] << 32, attrs[0]
 
 
 def query(library: str | None) -> NvmlSnapshot:
@@ -339,7 +341,7 @@ def _gpu(nvml: Nvml, index: int) -> NvmlGpu:
                 if err.code != NOT_FOUND:
                     raise
                 continue
-            gi_slices, ci_slices, mig_mib = nvml.attributes(mig)
+            gi_slices, ci_slices, mig_mib, multiprocessors = nvml.attributes(mig)
             gpu.migs.append(
                 NvmlMig(
                     index=slot,
@@ -348,6 +350,7 @@ def _gpu(nvml: Nvml, index: int) -> NvmlGpu:
                     uuid=nvml.text("nvmlDeviceGetUUID", mig),
                     profile=mig_profile(gi_slices, ci_slices, mig_mib, memory),
                     memory_total=nvml.memory_total(mig),
+                    multiprocessors=multiprocessors,
                 )
             )
     return gpu

@@ -102,16 +102,18 @@ class SharedDevice:
     memory_total: int  # bytes
     is_mig: bool = False
     resource: str = GPU_RESOURCE  # the resource name the device plugin advertises it as
+    threads: int | None = None  # explicit limits (a DRA claim's), instead of 1/replicas
+    memory_mib: int | None = None
 
     @property
     def thread_percentage(self) -> int:
-        """Each replica's share of the SMs, in percent (at least 1)."""
-        return max(1, 100 // self.replicas)
+        """Each client's share of the SMs, in percent (at least 1)."""
+        return self.threads or max(1, 100 // self.replicas)
 
     @property
     def memory_limit_mib(self) -> int:
-        """Each replica's share of device memory, in MiB (at least 1)."""
-        return max(1, self.memory_total // MIB // self.replicas)
+        """Each client's share of device memory, in MiB (at least 1)."""
+        return self.memory_mib or max(1, self.memory_total // MIB // self.replicas)
 
     @property
     def label(self) -> str:
@@ -391,6 +393,18 @@ def _device_name(device: Device) -> str:
     return device.name_index if isinstance(device, MigDevice) else str(device.index)
 
 
+MPS_ON_MIG = "sharing with MPS is not supported for MIG devices"
+
+
+def mps_unsupported(device: Device) -> str | None:
+    """``MIG device 6:1 (<uuid>)`` / ``GPU in MIG mode 6 (<uuid>)`` when MPS cannot share
+    ``device`` (the device plugin's rule, ``MPS_ON_MIG``), else None."""
+    if not (isinstance(device, MigDevice) or device.mig_enabled):
+        return None
+    what = "MIG device" if isinstance(device, MigDevice) else "GPU in MIG mode"
+    return f"{what} {_device_name(device)} ({device.uuid})"
+
+
 def _max_replicas(device: Device, host: Host, mode: str) -> int:
     if mode != "mps":
         return MAX_TIME_SLICING_REPLICAS
@@ -412,14 +426,13 @@ def resolve_sharing(config: SharingConfig, host: Host) -> dict[str, SharedDevice
     path = config.path
     for res in config.resources:
         for device in covered_devices(host, config, res.name):
-            if config.mode == "mps" and (isinstance(device, MigDevice) or device.mig_enabled):
-                what = "MIG device" if isinstance(device, MigDevice) else "GPU in MIG mode"
+            what = mps_unsupported(device) if config.mode == "mps" else None
+            if what:
                 raise _fail(
                     path,
                     f"{res.where}.name",
-                    f"{res.name} covers {what} {_device_name(device)} ({device.uuid}) under "
-                    f"migStrategy {config.mig_strategy}: sharing with MPS is not supported "
-                    "for MIG devices",
+                    f"{res.name} covers {what} under migStrategy {config.mig_strategy}: "
+                    f"{MPS_ON_MIG}",
                 )
             limit = _max_replicas(device, host, config.mode)
             if res.replicas > limit:

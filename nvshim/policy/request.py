@@ -178,6 +178,13 @@ def is_privileged(spec: dict) -> bool:
     return isinstance(bounding, list) and "CAP_SYS_ADMIN" in bounding
 
 
+def requirements_of(env: dict[str, str]) -> tuple[dict[str, str], bool]:
+    """The ``NVIDIA_REQUIRE_*`` variables of ``env`` and whether
+    ``NVIDIA_DISABLE_REQUIRE`` turns them off."""
+    requirements = {k: v for k, v in env.items() if k.startswith("NVIDIA_REQUIRE_")}
+    return requirements, env.get("NVIDIA_DISABLE_REQUIRE", "").strip().lower() in TRUE_WORDS
+
+
 def spec_env(spec: dict) -> dict[str, str]:
     """``process.env`` as a dict; later entries win (as execve); malformed entries skipped."""
     process = spec.get("process") if isinstance(spec, dict) else None
@@ -325,8 +332,8 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
         devices=devices,
         capabilities=capabilities,
         privileged=privileged,
-        requirements={k: v for k, v in env.items() if k.startswith("NVIDIA_REQUIRE_")},
-        disable_require=env.get("NVIDIA_DISABLE_REQUIRE", "").strip().lower() in TRUE_WORDS,
+        requirements=requirements_of(env)[0],
+        disable_require=requirements_of(env)[1],
         denied=denied,
         env=env,
         warnings=tuple(warnings),

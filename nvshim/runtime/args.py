@@ -49,6 +49,7 @@ _CREATE = {
 }
 COMMAND_FLAGS = {
     "create": _CREATE,
+    "delete": {"force": BOOL, "f": BOOL, **_HELP},
     "run": {**_CREATE, "detach": BOOL, "d": BOOL, "keep": BOOL, "no-subreaper": BOOL},
     "exec": {
         "console-socket": VALUE,
@@ -90,6 +91,7 @@ ALIASES = {
     "g": "additional-gids",
     "p": "process",
     "c": "cap",
+    "f": "force",
 }
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
 _FALSE = ("0", "f", "F", "FALSE", "false", "False")

@@ -91,6 +91,7 @@ def prepare_bundle(
         return Prepared(config)
     from nvshim.fsutil import atomic_write
     from nvshim.oci.modify import apply_edits
+    from nvshim.runtime import fault_point
 
     edits, steps, rootfs = selection.edits, [], ""
     if finish_here:
@@ -101,6 +102,7 @@ def prepare_bundle(
     apply_edits(spec, edits, [d.uuid for d in selection.devices])
     data = fastjson.dumps(spec).encode()
     mark_prepared(CACHE_DIR, container_id, _marker_root(config, root_flag))
+    fault_point("rewrite")
     atomic_write(os.path.join(bundle, "config.json"), data, backup=False, durable=False)
     log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
     return Prepared(config, steps, rootfs, pod)

@@ -53,7 +53,7 @@ from nvshim import __version__
 from nvshim.errors import NvshimError, one_line
 from nvshim.fsutil import file_identity
 from nvshim.record import field, record
-from nvshim.runtime import DAEMON_SOCKET, wire
+from nvshim.runtime import DAEMON_SOCKET, fault_point, wire
 from nvshim.runtime.lowlevel import LowLevel
 from nvshim.runtime.main import run
 from nvshim.runtime.slots import (
@@ -361,11 +361,15 @@ def _serve(argv, environ, fds, remote, log_fd: int, verbose: bool, start, umask:
             code = code or 1
     if code is not None:
         served()
+        fault_point("answer")
         remote.exit(code)
 
 
 def _say(fd: int, line: str) -> None:
-    os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
+    try:
+        os.write(fd, f"{TOOL}: {line}\n".encode(errors="replace"))
+    except OSError:  # a log that cannot be written (full, closed) must not fail calls
+        pass
 
 
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
@@ -816,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
         "($NVSHIM_CACHE_DIR/... when set), where nvshim-runtime looks",
     )
     default = Limits()
+    parser.add_argument("--version", action="version", version=f"{TOOL} version {__version__}")
     parser.add_argument("--verbose", action="store_true", help="one line per call on stderr")
     parser.add_argument("--workers", type=int, default=default.workers,
                         help="workers kept ready (default %(default)s)")  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from nvshim.errors import NvshimError, one_line
+from nvshim.runtime import fault_point
 from nvshim.runtime.lowlevel import spawn, spawn_quiet
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
@@ -78,6 +79,7 @@ def create_and_finish(
     from nvshim.hook.steps import Context, prepare_steps, run_steps
 
     ctx = Context(prepared.config)
+    status = 0
     try:
         early = None
         try:  # the host halves and imports while runc works: off the wall-clock path
@@ -85,18 +87,24 @@ def create_and_finish(
         except Exception as err:  # noqa: BLE001 - raised once runc is done
             early = err
         status = lowlevel.wait()
+        if status > 128:  # killed: it said nothing, and may have created the container
+            raise NvshimError(f"{runtime} was killed by signal {status - 128}")
         if status != 0:
             return status  # runc said why; nothing was created
         if early is not None:
             raise early
         pid = container_pid(runtime, args, argv)
+        fault_point("finish")
         run_steps(pid, prepared.rootfs, prepared.steps, ctx, pivoted=True)
     except Exception as err:  # noqa: BLE001 - one logged line, then the create fails
         from nvshim.log import log_decision
 
         message = one_line(err)
         spawn_quiet(runtime, delete)
-        error = NvshimError(f"finishing steps failed, container deleted: {message}")
+        if status > 128:
+            error = NvshimError(f"{message}, container deleted")
+        else:
+            error = NvshimError(f"finishing steps failed, container deleted: {message}")
         log_decision(
             prepared.config,
             TOOL,
@@ -104,7 +112,7 @@ def create_and_finish(
             error=error,
             echo=False,
             annotations=prepared.annotations,
-            step="finish",
+            step="finish" if status <= 128 else "create",
         )
         raise error from None
     finally:

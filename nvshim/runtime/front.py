@@ -120,6 +120,9 @@ mine() {{
   shift $(($# / 2))
   case $1 in drwx------|drwx------.) ;; *) return 1 ;; esac
 }}
+# run ARGS: ARGS with this stderr (on fd 7): the shell's own "Killed" for a runtime killed
+# by a signal goes to /dev/null (the worker says it, in one line)
+run() {{ ( exec 2>&7 7>&-; exec "$@" ); }}
 talk() {{
   printf '%s %s\\n' "$$" "$#" >&6
   # the daemon has {ACK_WAIT} s to take the call (a stopped or hung one: Python does it);
@@ -141,7 +144,8 @@ talk() {{
     case $a in
     {TIMEOUT}) ;;
     "{EXEC} "/*|"{EXEC} "./*) echo {DONE} >&6; exec "${{a#{EXEC} }}" "$@" {REPLY_FD}<&- 6>&- ;;
-    "{SPAWN} "/*|"{SPAWN} "./*) r=${{a#{SPAWN} }}; "$r" "$@" {REPLY_FD}<&- 6>&-; echo "$?" >&6 ;;
+    "{SPAWN} "/*|"{SPAWN} "./*)
+      r=${{a#{SPAWN} }}; run "$r" "$@" 7>&2 2>/dev/null {REPLY_FD}<&- 6>&-; echo "$?" >&6 ;;
     "{EXIT} "[0-9]*) echo {DONE} >&6; exit "${{a#{EXIT} }}" ;;
     *) break ;;
     esac

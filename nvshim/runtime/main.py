@@ -74,16 +74,17 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
                 from nvshim.runtime.execenv import rewrite_exec
 
                 argv, keep = rewrite_exec(args, argv)
-            elif args.action == "version":
-                sys.stdout.write(f"{TOOL} version {__version__}\n")
-                sys.stdout.flush()
-            elif args.command == "delete" and args.action == "other":
+            elif args.action == "delete":
+                # as the sh front does: the exec marker goes once runc deleted the container
                 from nvshim.runtime.markers import delete_unmarking
                 from nvshim.trusted import CACHE_DIR
 
-                status = delete_unmarking(CACHE_DIR, runtime, argv, args.command_index, lowlevel)
+                status = delete_unmarking(CACHE_DIR, runtime, argv, args.container_id, lowlevel)
                 if status is not None:
                     return status
+            elif args.action == "version":
+                sys.stdout.write(f"{TOOL} version {__version__}\n")
+                sys.stdout.flush()
     except Exception as err:  # noqa: BLE001 - every failure must be one line, never a traceback
         from nvshim.errors import one_line
 

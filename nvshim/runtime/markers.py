@@ -151,26 +151,12 @@ def sweep(cache_dir: str, now: float, min_age: float = MIN_AGE) -> list[tuple[st
     return removed
 
 
-def deleted_id(argv: list[str], command_index: int) -> str | None:
-    """The container id of a ``delete [--force] ID`` call, read as the front reads it;
-    None for any other form (runc decides; a marker left is swept later)."""
-    ids = []
-    for arg in argv[command_index + 1 :]:
-        if arg in ("-f", "--f", "-force", "--force"):
-            continue
-        if arg.startswith("-"):
-            return None
-        ids.append(arg)
-    return ids[0] if len(ids) == 1 and valid_id(ids[0]) else None
-
-
-def delete_unmarking(cache_dir: str, runtime: str, argv: list[str], command_index: int, lowlevel):
-    """A delete that reached Python (the front could not classify it, or had no runtime
-    for this ``PATH``): for a marked container, run it through ``lowlevel`` and remove the
-    marker once it succeeded, as the front does; its exit status. None: not such a call
-    (the caller execs the runtime)."""
-    container_id = deleted_id(argv, command_index)
-    if container_id is None or not os.path.lexists(
+def delete_unmarking(cache_dir: str, runtime: str, argv: list[str], container_id: str, lowlevel):
+    """A delete of ``container_id`` that reached Python (the front could not classify it,
+    or had no runtime for this ``PATH``): for a marked container, run it through
+    ``lowlevel`` and remove the marker once it succeeded, as the front does; its exit
+    status. None: no marker (the caller execs the runtime)."""
+    if not valid_id(container_id) or not os.path.lexists(
         os.path.join(cache_dir, MARKER_DIR, container_id)
     ):
         return None

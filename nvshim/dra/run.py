@@ -1,0 +1,114 @@
+"""``nvshim dra run``: the plugin's main loop.
+
+Discover the host, unprepare what the checkpoint holds but the cluster no longer does,
+serve the kubelet's sockets, and keep the node's ResourceSlices current: the host key
+(the CDI refresh key, ``nvshim.cdi.refresh.host_key``) is checked every ``interval``
+seconds and a change rediscovers and republishes; every ``resync`` seconds the slices are
+compared with the API server's anyway (a deleted slice comes back). SIGTERM/SIGINT stop it,
+removing its sockets (and its checkpoint when no claim is prepared).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from nvshim.dra import slices
+from nvshim.dra.kube import Kube, KubeError
+from nvshim.dra.prepare import Driver
+from nvshim.dra.server import Plugin, log
+from nvshim.errors import NvshimError
+
+KEY_OPTIONS = {"sink": "dra-resourceslices"}
+
+
+class Publisher:
+    """Keeps the node's slices in step with the host."""
+
+    def __init__(self, kube: Kube, node: str, driver: Driver, driver_root: str, dev_root: str):
+        self.kube, self.node, self.driver = kube, node, driver
+        self.driver_root, self.dev_root = driver_root, dev_root
+        self.key: dict | None = None
+        self.node_uid: str | None = None
+        self.last_sync = 0.0
+
+    def tick(self, resync: float) -> None:
+        """Republish when the host changed or ``resync`` seconds passed; errors are logged
+        and retried on the next tick."""
+        from nvshim.cdi.refresh import host_key
+        from nvshim.host.discover import discover_host
+
+        key = host_key(self.driver_root, self.dev_root, KEY_OPTIONS)
+        changed = key != self.key
+        if not changed and time.monotonic() - self.last_sync < resync:
+            return
+        try:
+            if changed and self.key is not None:
+                host = discover_host(self.driver_root, self.dev_root)
+                with self.driver.lock:
+                    self.driver.host = host
+                log("host changed: rediscovered")
+            warnings: list[str] = []
+            devices = slices.slice_devices(self.driver.host, self.driver.config, warnings)
+            for warning in warnings if changed else ():  # once per host state
+                log(f"warning: {warning}")
+            if self.node_uid is None:
+                self.node_uid = _node_uid(self.kube, self.node)
+            line = slices.publish(self.kube, self.node, devices, self.node_uid)
+        except (NvshimError, OSError) as err:
+            log(f"ResourceSlices of {self.node}: {err} (retrying)")
+            return
+        if changed or not line.endswith("current"):
+            log(f"ResourceSlices of {self.node}: {line}")
+        self.key, self.last_sync = key, time.monotonic()
+
+
+def _node_uid(kube: Kube, node: str) -> str | None:
+    try:
+        return kube.get(f"/api/v1/nodes/{node}")["metadata"]["uid"]
+    except (KubeError, KeyError):
+        return None
+
+
+def run(
+    kube: Kube,
+    node: str,
+    config,
+    driver_root: str,
+    dev_root: str,
+    kubelet_dir: str,
+    cdi_dir: str,
+    mps_root: str,
+    interval: float = 5.0,
+    resync: float = 60.0,
+    host_root: str = "/",
+) -> None:
+    """Run until SIGTERM or SIGINT."""
+    from nvshim.dra import DRIVER_NAME
+    from nvshim.host.discover import discover_host
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    host = discover_host(driver_root, dev_root)
+    plugin_dir = os.path.join(kubelet_dir, "plugins", DRIVER_NAME)
+    driver = Driver(kube, node, host, config, cdi_dir, plugin_dir, mps_root, host_root)
+    for line in driver.reconcile():
+        log(line)
+    plugin = Plugin(driver, kubelet_dir)
+    plugin.start()
+    publisher = Publisher(kube, node, driver, driver_root, dev_root)
+    try:
+        while not stop.is_set():
+            publisher.tick(resync)
+            stop.wait(interval)
+    finally:
+        plugin.stop()
+        if driver.forget_all_if_idle():
+            try:
+                os.rmdir(plugin_dir)
+            except OSError:
+                pass
+        log("stopped: sockets removed")

@@ -1,0 +1,750 @@
+"""The DRA driver without a kubelet: a real kube-apiserver (tests/dra_api.py), a simulated
+GPU host (tests/sim, fake NVML through real pynvml, the fake MPS control daemon), and the
+plugin's real gRPC sockets spoken to by a real gRPC client, as the kubelet would."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from nvshim.cdi.validate import validate_files
+from nvshim.config import load_config
+from nvshim.dra import DRIVER_NAME, slices, wire
+from nvshim.dra.params import ParamsError, parse_gpu_config
+from nvshim.dra.prepare import Driver, spec_path
+from nvshim.dra.server import DRA_SERVICES, Plugin, socket_paths
+from nvshim.host.discover import discover_host
+from tests.conftest import NVSHIM, run_nvshim
+from tests.dra_api import ApiServer
+from tests.sim import fake_mps_control
+from tests.sim.simhost import build_host
+from tests.test_mps_daemon import _alive
+
+NODE = "dra-node"
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    server = ApiServer(tmp_path_factory.mktemp("api"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dra-host")
+    host = build_host("h100x8-mig", str(root / "host"), extra_files=fake_mps_control.extra_files())
+    config = root / "config.toml"
+    config.write_text(
+        f'[host]\ndriver-root = "{host.driver_root}"\ndev-root = "{host.dev_root}"\n'
+        f'[runtime]\nhook-path = "/usr/local/bin/nvshim-hook"\n'
+    )
+    return host, str(config)
+
+
+@pytest.fixture
+def short_tmp():
+    """A short scratch dir: socket paths must stay under 108 bytes."""
+    path = tempfile.mkdtemp(prefix="dra-", dir="/tmp")
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def node(api, sim, short_tmp, monkeypatch):
+    """A Driver and Plugin for the simulated host, serving under a scratch kubelet dir."""
+    simhost, config_path = sim
+    monkeypatch.setenv("NVSHIM_CONFIG", config_path)
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    tmp_path = short_tmp
+    kubelet = tmp_path / "kubelet"
+    dirs = {
+        "cdi": str(tmp_path / "cdi"),
+        "plugin": str(kubelet / "plugins" / DRIVER_NAME),
+        "mps": str(tmp_path / "mps"),
+    }
+    driver = Driver(api.kube, NODE, host, load_config(), dirs["cdi"], dirs["plugin"], dirs["mps"])
+    plugin = Plugin(driver, str(kubelet))
+    plugin.start()
+    yield plugin, driver, dirs
+    plugin.stop()
+    for uid in list(driver.claims):
+        driver.unprepare({"uid": uid})
+    for item in api.kube.get(CLAIMS).get("items", []):
+        api.kube.delete(f"{CLAIMS}/{item['metadata']['name']}")
+
+
+def _call(path: str, service: str, method: str, request: dict, req_schema, resp_schema):
+    with grpc.insecure_channel(f"unix://{path}") as channel:
+        stub = channel.unary_unary(
+            f"/{service}/{method}",
+            request_serializer=lambda m: wire.encode(m, req_schema),
+            response_deserializer=lambda b: wire.decode(b, resp_schema),
+        )
+        return stub(request, timeout=30)
+
+
+def _prepare(plugin, claims, version="v1.DRAPlugin"):
+    return _call(
+        plugin.dra_path,
+        DRA_SERVICES[version],
+        "NodePrepareResources",
+        {"claims": claims},
+        wire.CLAIMS_REQUEST,
+        wire.PREPARE_RESPONSE,
+    )["claims"]
+
+
+def _unprepare(plugin, claims):
+    return _call(
+        plugin.dra_path,
+        DRA_SERVICES["v1.DRAPlugin"],
+        "NodeUnprepareResources",
+        {"claims": claims},
+        wire.CLAIMS_REQUEST,
+        wire.UNPREPARE_RESPONSE,
+    )["claims"]
+
+
+def _allocated_claim(api, name: str, devices: list[tuple[str, str]], config=None) -> dict:
+    """A ResourceClaim allocated (status written as the scheduler would) to ``devices``
+    ((request, device) pairs) of this node's pool; the kubelet's Claim message for it."""
+    requests = sorted({r for r, _ in devices})
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": r, "exactly": {"deviceClassName": DRIVER_NAME}} for r in requests
+                ]
+            }
+        },
+    }
+    if config is not None:
+        body["spec"]["devices"]["config"] = [
+            {"opaque": {"driver": DRIVER_NAME, "parameters": config}}
+        ]
+    obj = api.kube.create(CLAIMS, body)
+    allocation = {
+        "devices": {
+            "results": [
+                {"request": r, "driver": DRIVER_NAME, "pool": NODE, "device": d} for r, d in devices
+            ]
+        }
+    }
+    if config is not None:
+        allocation["devices"]["config"] = [
+            {"source": "FromClaim", "opaque": {"driver": DRIVER_NAME, "parameters": config}}
+        ]
+    obj["status"] = {"allocation": allocation}
+    obj = api.kube.replace(f"{CLAIMS}/{name}/status", obj)
+    return {"namespace": "default", "name": name, "uid": obj["metadata"]["uid"]}
+
+
+def _spec(dirs, uid) -> dict:
+    with open(spec_path(dirs["cdi"], uid)) as fh:
+        return json.load(fh)
+
+
+# -- registration and sockets -----------------------------------------------------------
+
+
+def test_registration_answers_as_a_dra_plugin(node):
+    plugin, _, _ = node
+    info = _call(
+        plugin.reg_path,
+        "pluginregistration.Registration",
+        "GetInfo",
+        {},
+        wire.EMPTY,
+        wire.PLUGIN_INFO,
+    )
+    assert info == {
+        "type": "DRAPlugin",
+        "name": "gpu.nvshim.io",
+        "endpoint": plugin.dra_path,
+        "supported_versions": ["v1.DRAPlugin", "v1beta1.DRAPlugin"],
+    }
+    assert plugin.reg_path.endswith("/plugins_registry/gpu.nvshim.io-reg.sock")
+    _call(
+        plugin.reg_path,
+        "pluginregistration.Registration",
+        "NotifyRegistrationStatus",
+        {"plugin_registered": True},
+        wire.REGISTRATION_STATUS,
+        wire.EMPTY,
+    )
+    assert plugin.registered.is_set()
+
+
+def test_removed_socket_is_served_again_and_stop_removes_both(api, sim, short_tmp, monkeypatch):
+    tmp_path = short_tmp
+    monkeypatch.setenv("NVSHIM_CONFIG", sim[1])
+    host = discover_host(sim[0].driver_root, sim[0].dev_root)
+    driver = Driver(api.kube, NODE, host, load_config(), str(tmp_path / "cdi"),
+                    str(tmp_path / "k/plugins/x"), str(tmp_path / "mps"))  # fmt: skip
+    plugin = Plugin(driver, str(tmp_path / "k"))
+    plugin.start()
+    reg, dra = socket_paths(str(tmp_path / "k"))
+    try:
+        os.unlink(reg)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(reg) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        info = _call(
+            reg, "pluginregistration.Registration", "GetInfo", {}, wire.EMPTY, wire.PLUGIN_INFO
+        )
+        assert info["endpoint"] == dra
+    finally:
+        plugin.stop()
+    assert not os.path.exists(reg) and not os.path.exists(dra)
+
+
+# -- ResourceSlices ----------------------------------------------------------------------
+
+
+def test_slices_hold_every_gpu_and_mig_device_with_attributes(sim):
+    simhost, config = sim
+    out = run_nvshim("dra", "slices", "--node-name", NODE, env={"NVSHIM_CONFIG": config})
+    assert out.returncode == 0, out.stderr
+    (only,) = json.loads(out.stdout)
+    devices = {d["name"]: d for d in only["spec"]["devices"]}
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    whole = [g for g in host.gpus if not g.mig_enabled]
+    assert sorted(devices) == sorted(
+        [f"gpu-{g.index}" for g in whole]
+        + [f"mig-{m.parent_index}-{m.index}" for m in host.mig_devices()]
+    )
+    assert any(g.mig_enabled for g in host.gpus)  # a MIG-mode GPU is offered only as MIG
+    gpu = whole[0]
+    attrs = devices[f"gpu-{gpu.index}"]["attributes"]
+    assert attrs["uuid"] == {"string": gpu.uuid}
+    assert attrs["index"] == {"int": gpu.index}
+    assert attrs["productName"] == {"string": gpu.name}
+    assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert attrs["driverVersion"] == {"version": host.driver_version}
+    assert devices[f"gpu-{gpu.index}"]["capacity"]["memory"] == {
+        "value": f"{gpu.memory_total >> 20}Mi"
+    }
+    mig = host.mig_devices()[0]
+    mattrs = devices[f"mig-{mig.parent_index}-{mig.index}"]
+    assert mattrs["attributes"]["profile"] == {"string": mig.profile}
+    assert mattrs["attributes"]["parentUUID"] == {"string": host.gpu(mig.parent_index).uuid}
+    assert int(mattrs["capacity"]["multiprocessors"]["value"]) > 0
+
+
+def test_slices_carry_pcie_root_and_paired_nic(tmp_path):
+    simhost = build_host("hgx-h100x8-rdma", str(tmp_path / "host"))
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[host]\ndriver-root = "{simhost.driver_root}"\ndev-root = "{simhost.dev_root}"\n'
+    )
+    out = run_nvshim("dra", "slices", "--node-name", NODE, env={"NVSHIM_CONFIG": str(config)})
+    assert out.returncode == 0, out.stderr
+    devices = json.loads(out.stdout)[0]["spec"]["devices"]
+    topo = run_nvshim("info", "--topology", "--json", env={"NVSHIM_CONFIG": str(config)})
+    assert topo.returncode == 0, topo.stderr
+    places = {g["index"]: g for g in json.loads(topo.stdout)["gpus"]}
+    for d in devices:
+        index = d["attributes"]["index"]["int"]
+        assert d["attributes"]["resource.kubernetes.io/pcieRoot"] == {
+            "string": places[index]["location"]["host_bridge"]
+        }
+        assert d["attributes"]["rdmaNic"]["string"].startswith("mlx5_")
+
+
+def test_publish_is_accepted_by_the_api_server_and_kept_current(api, sim):
+    simhost, config = sim
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    devices = slices.slice_devices(host, load_config(config), [])
+    assert slices.publish(api.kube, NODE, devices, None).startswith("published")
+    (first,) = slices.node_slices(api.kube, NODE)
+    assert first["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+    assert len(first["spec"]["devices"]) == len(devices)
+    assert slices.publish(api.kube, NODE, devices, None).endswith("current")
+    assert slices.publish(api.kube, NODE, devices[:-1], None).startswith("published")
+    (second,) = slices.node_slices(api.kube, NODE)
+    assert second["spec"]["pool"]["generation"] == 2
+    assert len(second["spec"]["devices"]) == len(devices) - 1
+    api.kube.delete(f"{slices.SLICES}/{second['metadata']['name']}")  # someone deletes it
+    slices.publish(api.kube, NODE, devices, None)
+    assert len(slices.node_slices(api.kube, NODE)) == 1
+    out = run_nvshim(
+        "dra", "withdraw", "--node-name", NODE, "--kubeconfig", str(api.kubeconfig),
+        env={"NVSHIM_CONFIG": config},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert slices.node_slices(api.kube, NODE) == []
+
+
+# -- prepare / unprepare -----------------------------------------------------------------
+
+
+def test_prepare_writes_a_claim_spec_with_exactly_the_allocated_gpu(api, node, sim):
+    plugin, driver, dirs = node
+    host = driver.host
+    gpu = host.gpu(1)
+    claim = _allocated_claim(api, "one-gpu", [("gpu", "gpu-1")])
+    answer = _prepare(plugin, [claim])[claim["uid"]]
+    assert answer["error"] == ""
+    cdi = f"k8s.gpu.nvshim.io/claim={claim['uid']}-gpu-1"
+    assert answer["devices"] == [
+        {
+            "request_names": ["gpu"],
+            "pool_name": NODE,
+            "device_name": "gpu-1",
+            "cdi_device_ids": [cdi],
+        }
+    ]
+    path = spec_path(dirs["cdi"], claim["uid"])
+    assert validate_files([path]) == []
+    spec = _spec(dirs, claim["uid"])
+    (device,) = spec["devices"]
+    assert device["containerEdits"]["env"] == [f"CUDA_VISIBLE_DEVICES={gpu.uuid}"]
+    assert [n["path"] for n in device["containerEdits"]["deviceNodes"]] == [
+        f"/dev/nvidia{gpu.minor}"
+    ]
+    common = spec["containerEdits"]
+    assert "/dev/nvidiactl" in [n["path"] for n in common["deviceNodes"]]
+    assert any(m["containerPath"].endswith("libcuda.so.1") or "libcuda" in m["containerPath"]
+               for m in common["mounts"])  # fmt: skip
+    # idempotent: the same answer, the same file
+    before = os.stat(path).st_mtime_ns
+    assert _prepare(plugin, [claim], "v1beta1.DRAPlugin")[claim["uid"]] == answer
+    assert os.stat(path).st_mtime_ns == before
+    # a second claim for the same GPU is refused, naming the owner
+    other = _allocated_claim(api, "thief", [("gpu", "gpu-1")])
+    refused = _prepare(plugin, [other])[other["uid"]]
+    assert refused["devices"] == []
+    assert "gpu-1" in refused["error"] and "default/one-gpu" in refused["error"]
+    assert not os.path.exists(spec_path(dirs["cdi"], other["uid"]))
+    # unprepare removes the spec and frees the GPU
+    assert _unprepare(plugin, [claim]) == {claim["uid"]: {"error": ""}}
+    assert not os.path.exists(path)
+    assert _unprepare(plugin, [claim]) == {claim["uid"]: {"error": ""}}  # idempotent
+    assert _prepare(plugin, [other])[other["uid"]]["error"] == ""
+
+
+def test_multi_device_claim_and_mig_device(api, node):
+    plugin, driver, dirs = node
+    mig = driver.host.mig_devices()[0]
+    name = f"mig-{mig.parent_index}-{mig.index}"
+    claim = _allocated_claim(api, "mixed", [("a", "gpu-2"), ("a", "gpu-3"), ("m", name)])
+    answer = _prepare(plugin, [claim])[claim["uid"]]
+    assert answer["error"] == ""
+    assert [d["device_name"] for d in answer["devices"]] == ["gpu-2", "gpu-3", name]
+    spec = {d["name"]: d["containerEdits"] for d in _spec(dirs, claim["uid"])["devices"]}
+    both = ",".join(driver.host.gpu(i).uuid for i in (2, 3))
+    assert spec[f"{claim['uid']}-gpu-2"]["env"] == [f"CUDA_VISIBLE_DEVICES={both}"]
+    assert spec[f"{claim['uid']}-{name}"]["env"] == [f"CUDA_VISIBLE_DEVICES={mig.uuid}"]
+    paths = [n["path"] for n in spec[f"{claim['uid']}-{name}"]["deviceNodes"]]
+    assert paths[0] == f"/dev/nvidia{driver.host.gpu(mig.parent_index).minor}"
+    assert all(p.startswith("/dev/nvidia-caps/") for p in paths[1:]) and len(paths) == 3
+
+
+def test_unknown_device_and_unallocated_claim_are_refused(api, node):
+    plugin, _, dirs = node
+    claim = _allocated_claim(api, "ghost", [("gpu", "gpu-99")])
+    error = _prepare(plugin, [claim])[claim["uid"]]["error"]
+    assert "gpu-99" in error and f"not on node {NODE}" in error
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "pending"},
+        "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "x"}}]}},
+    }
+    obj = api.kube.create(CLAIMS, body)
+    pending = {"namespace": "default", "name": "pending", "uid": obj["metadata"]["uid"]}
+    assert "not allocated" in _prepare(plugin, [pending])[pending["uid"]]["error"]
+    wrong = {**pending, "uid": "00000000-0000-0000-0000-000000000000"}
+    assert "the kubelet asked for" in _prepare(plugin, [wrong])[wrong["uid"]]["error"]
+    assert not os.path.isdir(dirs["cdi"]) or os.listdir(dirs["cdi"]) == []
+
+
+def test_mps_claim_starts_its_daemon_with_the_claim_limits(api, node):
+    plugin, driver, dirs = node
+    gpu = driver.host.gpu(4)
+    params = {
+        "apiVersion": "gpu.nvshim.io/v1alpha1",
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mps": {"activeThreadPercentage": 30, "pinnedMemoryLimit": "4Gi"},
+        },
+    }
+    claim = _allocated_claim(api, "mps", [("gpu", "gpu-4")], params)
+    answer = _prepare(plugin, [claim])[claim["uid"]]
+    assert answer["error"] == ""
+    edits = _spec(dirs, claim["uid"])["devices"][0]["containerEdits"]
+    env = dict(e.split("=", 1) for e in edits["env"])
+    assert env["CUDA_VISIBLE_DEVICES"] == gpu.uuid
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu.uuid}=4096M"
+    pipe = os.path.join(dirs["mps"], gpu.uuid, "pipe")
+    assert {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}["/run/nvidia-mps"] == pipe
+    # the daemon runs, with the claim's defaults (the fake daemon logs what it was told)
+    with open(os.path.join(pipe, "nvidia-cuda-mps-control.pid")) as fh:
+        pid = int(fh.read())
+    os.kill(pid, 0)
+    with open(os.path.join(dirs["mps"], gpu.uuid, "log", "control.log")) as fh:
+        log = fh.read()
+    assert "set_default_active_thread_percentage 30" in log
+    assert "set_default_device_pinned_mem_limit 0 4096M" in log
+    assert _unprepare(plugin, [claim])[claim["uid"]]["error"] == ""
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def test_mps_refusals_match_the_sharing_config(api, node):
+    plugin, driver, dirs = node
+    mig = driver.host.mig_devices()[0]
+    mps = {"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
+           "sharing": {"strategy": "MPS"}}  # fmt: skip
+    on_mig = _allocated_claim(api, "mps-mig", [("g", f"mig-{mig.parent_index}-{mig.index}")], mps)
+    error = _prepare(plugin, [on_mig])[on_mig["uid"]]["error"]
+    assert "sharing with MPS is not supported for MIG devices" in error
+    # request a (gpu-0) starts its daemon, request b (the MIG device) is refused: a's
+    # daemon is stopped again and its directories removed
+    half = _allocated_claim(
+        api, "mps-half", [("a", "gpu-0"), ("b", f"mig-{mig.parent_index}-{mig.index}")], mps
+    )
+    error = _prepare(plugin, [half])[half["uid"]]["error"]
+    assert "request b" in error and "not supported for MIG devices" in error
+    assert not os.path.exists(os.path.join(dirs["mps"], driver.host.gpu(0).uuid))
+    two = _allocated_claim(api, "mps-two", [("g", "gpu-0"), ("g", "gpu-5")], mps)
+    assert "exactly one device" in _prepare(plugin, [two])[two["uid"]]["error"]
+    typo = {**mps, "sharing": {"strategy": "MPS", "mps": {"activeThreadPercent": 20}}}
+    bad = _allocated_claim(api, "mps-typo", [("g", "gpu-0")], typo)
+    assert "activeThreadPercent: unknown field" in _prepare(plugin, [bad])[bad["uid"]]["error"]
+    assert not os.path.isdir(dirs["cdi"]) or os.listdir(dirs["cdi"]) == []
+
+
+def test_gpu_config_validation():
+    base = {"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig"}
+    assert parse_gpu_config(base).strategy is None
+    got = parse_gpu_config({**base, "sharing": {"strategy": "MPS", "mps": {
+        "activeThreadPercentage": 50, "pinnedMemoryLimit": "512Mi"}}})  # fmt: skip
+    assert (got.strategy, got.threads, got.memory_mib) == ("MPS", 50, 512)
+    for bad, words in (
+        ({**base, "apiVersion": "gpu.nvshim.io/v2"}, "apiVersion/kind must be"),
+        ({**base, "sharing": {"strategy": "Mps"}}, "must be TimeSlicing or MPS"),
+        ({**base, "sharing": {"strategy": "TimeSlicing", "mps": {}}}, "only with strategy MPS"),
+        ({**base, "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": 0}}}, "1..100"),
+        ({**base, "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": "1.5G"}}}, "8Gi"),
+    ):
+        with pytest.raises(ParamsError, match=words):
+            parse_gpu_config(bad)
+
+
+def test_restart_keeps_prepared_claims_and_drops_deleted_ones(api, node):
+    plugin, driver, dirs = node
+    kept = _allocated_claim(api, "kept", [("gpu", "gpu-0")])
+    gone = _allocated_claim(api, "gone", [("gpu", "gpu-5")])
+    for claim in (kept, gone):
+        assert _prepare(plugin, [claim])[claim["uid"]]["error"] == ""
+    plugin.stop()
+    api.kube.delete(f"{CLAIMS}/gone")
+    orphan = os.path.join(dirs["cdi"], "k8s.gpu.nvshim.io-claim_0000-orphan.json")
+    with open(orphan, "w") as fh:
+        fh.write("{}")
+    again = Driver(api.kube, NODE, driver.host, driver.config, dirs["cdi"], dirs["plugin"],
+                   dirs["mps"])  # fmt: skip
+    assert sorted(again.claims) == sorted([kept["uid"], gone["uid"]])
+    lines = again.reconcile()
+    assert any("unprepared claim default/gone" in line for line in lines)
+    assert any("orphan" in line for line in lines)
+    assert sorted(os.listdir(dirs["cdi"])) == [
+        os.path.basename(spec_path(dirs["cdi"], kept["uid"]))
+    ]
+    assert list(again.claims) == [kept["uid"]]
+    # the restarted plugin still refuses gpu-0 to another claim, and answers for "kept"
+    plugin2 = Plugin(again, os.path.dirname(os.path.dirname(dirs["plugin"])))
+    plugin2.start()
+    try:
+        thief = _allocated_claim(api, "late", [("gpu", "gpu-0")])
+        assert "default/kept" in _prepare(plugin2, [thief])[thief["uid"]]["error"]
+        assert _prepare(plugin2, [kept])[kept["uid"]]["devices"][0]["device_name"] == "gpu-0"
+    finally:
+        plugin2.stop()
+        again.unprepare(kept)
+    driver.claims = {}
+
+
+def test_run_serves_publishes_and_cleans_up_on_sigterm(api, sim, short_tmp):
+    tmp_path = short_tmp
+    _, config = sim
+    kubelet = tmp_path / "kubelet"
+    env = {**os.environ, "NVSHIM_CONFIG": config, "NODE_NAME": "run-node"}
+    proc = subprocess.Popen(
+        [NVSHIM, "dra", "run", "--kubeconfig", str(api.kubeconfig), "--kubelet-dir",
+         str(kubelet), "--cdi-dir", str(tmp_path / "cdi"), "--mps-root", str(tmp_path / "mps"),
+         "--interval", "0.5"],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    reg, dra = socket_paths(str(kubelet))
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+            os.path.exists(reg) and slices.node_slices(api.kube, "run-node")
+        ):
+            time.sleep(0.2)
+        assert os.path.exists(dra)
+        assert len(slices.node_slices(api.kube, "run-node")[0]["spec"]["devices"]) > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "published" in err and "sockets removed" in err
+    assert not os.path.exists(reg) and not os.path.exists(dra)
+    assert not os.path.exists(os.path.join(kubelet, "plugins", DRIVER_NAME))
+    slices.withdraw(api.kube, "run-node")
+
+
+def test_bad_kubeconfig_is_one_line(tmp_path, sim):
+    bad = tmp_path / "kc"
+    bad.write_text("current-context: nowhere\n")
+    out = run_nvshim("dra", "withdraw", "--node-name", "n", "--kubeconfig", str(bad))
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"nvshim: error: kubeconfig {bad}: no usable current context"
+    ]
+
+
+def test_specs_name_the_nodes_paths_when_run_in_a_pod(api, sim, short_tmp, monkeypatch):
+    """In the DaemonSet discovery runs under the node's / mounted at --host-root; the
+    claim spec must name the node's own paths (what containerd on the node opens)."""
+    simhost, config = sim
+    monkeypatch.setenv("NVSHIM_CONFIG", config)
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    root = simhost.root.rstrip("/")
+    driver = Driver(api.kube, NODE, host, load_config(), str(short_tmp / "cdi"),
+                    str(short_tmp / "p"), str(short_tmp / "mps"), host_root=root)  # fmt: skip
+    claim = _allocated_claim(api, "in-pod", [("gpu", "gpu-0")])
+    try:
+        assert driver.prepare(claim)["error"] == ""
+        spec = json.loads(open(spec_path(str(short_tmp / "cdi"), claim["uid"])).read())
+        text = json.dumps(spec)
+        assert root not in text
+        (device,) = spec["devices"]
+        node = device["containerEdits"]["deviceNodes"][0]
+        assert node["path"] == f"/dev/nvidia{host.gpu(0).minor}" and "hostPath" not in node
+        hooks = spec["containerEdits"]["hooks"] + device["containerEdits"]["hooks"]
+        assert hooks and all(  # the pod's config path means nothing on the node
+            not any(e.startswith(("NVSHIM_CONFIG=", "NVSHIM_CACHE_DIR=")) for e in h["env"])
+            for h in hooks
+        )
+        libs = [m["hostPath"] for m in spec["containerEdits"]["mounts"]]
+        assert any(p.startswith("/usr/lib/") and "libcuda.so" in p for p in libs), libs
+    finally:
+        driver.unprepare(claim)
+        api.kube.delete(f"{CLAIMS}/in-pod")
+
+
+def _manifests() -> list[dict]:
+    import yaml
+
+    from tests.conftest import REPO
+    from tests.k8s.artifacts import k8s_bin
+
+    out = subprocess.run(
+        [f"{k8s_bin()}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+PATHS = {
+    "Namespace": "/api/v1/namespaces",
+    "ServiceAccount": "/api/v1/namespaces/nvshim/serviceaccounts",
+    "ConfigMap": "/api/v1/namespaces/nvshim/configmaps",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+    ),
+    "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
+    "DaemonSet": "/apis/apps/v1/namespaces/nvshim/daemonsets",
+}
+
+
+def test_manifests_rbac_and_policy_hold_on_a_real_api_server(api, sim):
+    """The manifests are accepted (CEL type-checked), and a token of the plugin's service
+    account bound to a pod on node A may write A's slices and read claims, not B's slices."""
+    for doc in _manifests():
+        api.kube.create(PATHS[doc["kind"]], doc)
+    api.kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                      "metadata": {"name": NODE}})  # fmt: skip
+    pod = api.kube.create(
+        "/api/v1/namespaces/nvshim/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "plugin"},
+            "spec": {
+                "nodeName": NODE,
+                "serviceAccountName": "nvshim-dra",
+                "containers": [{"name": "c", "image": "x"}],
+            },
+        },
+    )
+    token = api.kube.create(
+        "/api/v1/namespaces/nvshim/serviceaccounts/nvshim-dra/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [],
+                "boundObjectRef": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": "plugin",
+                    "uid": pod["metadata"]["uid"],
+                },  # fmt: skip
+            },
+        },
+    )["status"]["token"]
+    plugin = api.as_token(token)
+    simhost, config = sim
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    devices = slices.slice_devices(host, load_config(config), [])
+    node_uid = api.kube.get(f"/api/v1/nodes/{NODE}")["metadata"]["uid"]
+    deadline = time.monotonic() + 30
+    while True:  # the policy takes effect once the API server has loaded it
+        try:
+            slices.publish(plugin, "other-node", devices, None)
+        except slices.KubeError as err:
+            assert err.status == 422, err  # a policy denial is Invalid
+            assert "may only write ResourceSlices of its own node dra-node" in str(err)
+            break
+        slices.withdraw(api.kube, "other-node")
+        assert time.monotonic() < deadline, "the admission policy never took effect"
+        time.sleep(0.5)
+    assert slices.publish(plugin, NODE, devices, node_uid).startswith("published")
+    (mine,) = slices.node_slices(plugin, NODE)
+    assert mine["metadata"]["ownerReferences"][0]["uid"] == node_uid
+    claim = _allocated_claim(api, "readable", [("gpu", "gpu-0")])
+    assert plugin.get(f"{CLAIMS}/readable")["metadata"]["uid"] == claim["uid"]
+    with pytest.raises(slices.KubeError) as denied:
+        plugin.get("/api/v1/namespaces/nvshim/secrets")
+    assert denied.value.status == 403
+    assert slices.withdraw(plugin, NODE) == 1
+    api.kube.delete(f"{CLAIMS}/readable")
+
+
+@pytest.mark.parametrize(
+    "env, code",
+    [
+        (["NVIDIA_REQUIRE_CUDA=cuda>=12.0 brand=tesla"], 0),
+        (["NVIDIA_REQUIRE_CUDA=cuda>=13.0"], 1),
+        (["NVIDIA_REQUIRE_ARCH=arch>=10.0"], 1),
+        (["NVIDIA_REQUIRE_CUDA=cuda>=13.0", "NVIDIA_DISABLE_REQUIRE=true"], 0),
+        ([], 0),
+    ],
+)
+def test_claim_spec_checks_the_images_requirements(api, node, launchers, tmp_path, env, code):
+    """The claim spec's createRuntime hook, run as the runtime runs it (the OCI state on
+    stdin, the bundle's config.json holding the image's env)."""
+    plugin, driver, dirs = node
+    claim = _allocated_claim(api, "req", [("gpu", "gpu-0")])
+    assert _prepare(plugin, [claim])[claim["uid"]]["error"] == ""
+    (device,) = _spec(dirs, claim["uid"])["devices"]
+    (hook,) = [h for h in device["containerEdits"]["hooks"] if "require-check" in h["args"]]
+    assert hook["hookName"] == "createRuntime"
+    gpu = driver.host.gpu(0)
+    assert (
+        hook["args"][hook["args"].index("--device") + 1] == f"{gpu.compute_capability}:{gpu.brand}"
+    )
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin", *env]}}))
+    config = tmp_path / "hook.toml"
+    config.write_text(f'[runtime]\nlog-file = "{tmp_path / "log"}"\n')
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "pid": 1, "bundle": str(bundle)})
+    args = [f"{launchers}/nvshim-hook", "--config", str(config), *hook["args"][1:]]
+    proc = subprocess.run(args, input=state, capture_output=True, text=True, env=dict(
+        e.split("=", 1) for e in hook["env"]))  # fmt: skip
+    assert proc.returncode == code, proc.stderr
+    if code:
+        assert proc.stderr.count("\n") == 1 and "requirement not met" in proc.stderr
+
+
+def test_claim_config_overrides_the_class_config_per_request():
+    from nvshim.dra.params import configs_for_requests
+
+    def opaque(strategy: str, threads: int | None = None) -> dict:
+        mps = {"mps": {"activeThreadPercentage": threads}} if threads else {}
+        return {"driver": DRIVER_NAME, "parameters": {
+            "apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
+            "sharing": {"strategy": strategy, **mps}}}  # fmt: skip
+
+    allocation = {
+        "devices": {
+            "config": [
+                # the claim's entries come first here: the class's must still apply first
+                {"source": "FromClaim", "requests": ["a"], "opaque": opaque("MPS", 25)},
+                {"source": "FromClass", "requests": [], "opaque": opaque("MPS", 60)},
+                {"source": "FromClaim", "requests": ["b"], "opaque": opaque("TimeSlicing")},
+                {
+                    "source": "FromClaim",
+                    "opaque": {"driver": "other.example.com", "parameters": {"x": 1}},
+                },  # fmt: skip
+            ]
+        }
+    }
+    got = configs_for_requests(allocation, ["a", "b", "c/sub"])
+    assert (got["a"].strategy, got["a"].threads) == ("MPS", 25)
+    assert got["b"].strategy == "TimeSlicing"
+    assert (got["c/sub"].strategy, got["c/sub"].threads) == ("MPS", 60)
+
+
+def test_publisher_rewrites_the_slices_when_the_host_changes(api, tmp_path, short_tmp):
+    """The refresh key (device nodes here) changes: rediscovery, a new pool generation
+    without the GPU whose node went away; unchanged: nothing sent until the resync."""
+    from nvshim.dra.run import Publisher
+
+    simhost = build_host("single", str(tmp_path / "host"))
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    config = tmp_path / "config.toml"
+    config.write_text(f'[host]\ndriver-root = "{simhost.driver_root}"\n')
+    scratch = [str(short_tmp / d) for d in ("cdi", "p", "mps")]
+    driver = Driver(api.kube, "change-node", host, load_config(str(config)), *scratch)
+    publisher = Publisher(api.kube, "change-node", driver, simhost.driver_root, simhost.dev_root)
+    publisher.tick(resync=3600)
+    (first,) = slices.node_slices(api.kube, "change-node")
+    assert [d["name"] for d in first["spec"]["devices"]] == ["gpu-0"]
+    publisher.tick(resync=3600)  # nothing changed: the slice is not rewritten
+    (same,) = slices.node_slices(api.kube, "change-node")
+    assert same["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    node = os.path.join(simhost.dev_root, "dev", f"nvidia{host.gpu(0).minor}")
+    os.rename(node, node + ".away")
+    try:
+        publisher.tick(resync=3600)
+    finally:
+        os.rename(node + ".away", node)
+    (changed,) = slices.node_slices(api.kube, "change-node")
+    assert changed["spec"].get("devices", []) == []  # the API leaves an empty list out
+    assert changed["spec"]["pool"]["generation"] == 2
+    assert driver.host.gpus == []  # prepare sees the new host too
+    publisher.tick(resync=3600)
+    (back,) = slices.node_slices(api.kube, "change-node")
+    assert [d["name"] for d in back["spec"]["devices"]] == ["gpu-0"]
+    assert back["spec"]["pool"]["generation"] == 3
+    slices.withdraw(api.kube, "change-node")

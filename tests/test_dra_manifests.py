@@ -1,0 +1,130 @@
+"""packaging/kubernetes/dra: renders with `kubectl kustomize`, passes kubernetes-validate
+(strict) for 1.34 (resource.k8s.io/v1 GA) and the newest bundled version, and the DaemonSet,
+RBAC and DeviceClasses agree with what `nvshim dra` does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from nvshim.dra import DRIVER_NAME
+from nvshim.dra.server import socket_paths
+from tests.conftest import REPO, run_nvshim
+from tests.test_kubernetes_manifests import newest_bundled
+
+DRA = os.path.join(REPO, "packaging", "kubernetes", "dra")
+
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[dict]:
+    out = subprocess.run(
+        ["kubectl", "kustomize", DRA], capture_output=True, text=True, check=True
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _one(docs, kind, name=None) -> dict:
+    found = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    assert len(found) == 1, (kind, name)
+    return found[0]
+
+
+@pytest.mark.parametrize("version", ["1.34.0", newest_bundled()])
+def test_renders_and_validates(docs, version):
+    assert sorted(d["kind"] for d in docs) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "DeviceClass",
+        "DeviceClass",
+        "Namespace",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_daemonset_runs_nvshim_dra_with_the_kubelets_paths(docs):
+    pod = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = container["command"]
+    assert command[:3] == ["/opt/nvshim/bin/nvshim", "dra", "run"]
+    given = dict(arg[2:].split("=", 1) for arg in command[3:])
+    help_text = run_nvshim("dra", "run", "--help").stdout
+    for option in given:
+        assert f"--{option}" in help_text, option
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    def host_path_of(path: str) -> str:
+        """The node path behind ``path`` in the pod (the longest mount holding it)."""
+        mount = max(
+            (m for m in mounts if path == m or path.startswith(m.rstrip("/") + "/")), key=len
+        )
+        source = volumes[mounts[mount]["name"]]["hostPath"]["path"]
+        return os.path.normpath(source + path[len(mount) :])
+
+    # the sockets the kubelet must find are at the same paths on the node
+    for sock in socket_paths(given["kubelet-dir"]):
+        assert host_path_of(sock) == sock
+    assert host_path_of(given["cdi-dir"]) == given["cdi-dir"]
+    assert host_path_of(given["mps-root"]) == given["mps-root"]
+    assert host_path_of(given["host-root"]) == "/"
+    assert given["driver-root"] == given["dev-root"] == given["host-root"]
+    mps_mount = max((m for m in mounts if given["mps-root"].startswith(m)), key=len)
+    assert mounts[mps_mount]["mountPropagation"] == "Bidirectional"  # daemon shm for the node
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    config = _one(docs, "ConfigMap")
+    assert env["NVSHIM_CONFIG"]["value"].startswith(mounts["/etc/nvshim-dra"]["mountPath"])
+    assert "nvshim-hook" in config["data"]["config.toml"]
+    assert pod["serviceAccountName"] == _one(docs, "ServiceAccount")["metadata"]["name"]
+
+
+def test_rbac_grants_exactly_what_the_driver_calls(docs):
+    rules = _one(docs, "ClusterRole")["rules"]
+    granted = {(g, r, v) for rule in rules for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
+    for verb in ("list", "create", "update", "delete"):
+        assert ("resource.k8s.io", "resourceslices", verb) in granted
+    assert ("resource.k8s.io", "resourceclaims", "get") in granted
+    assert ("", "nodes", "get") in granted
+    assert not any(v in ("*", "patch", "escalate") for _, _, v in granted)
+    binding = _one(docs, "ClusterRoleBinding")
+    sa = _one(docs, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "nvshim"}
+    ]
+    policy = _one(docs, "ValidatingAdmissionPolicy")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f"system:serviceaccount:nvshim:{sa['metadata']['name']}" in condition["expression"]
+
+
+def test_device_classes_select_what_the_slices_publish(docs, sim_hosts, tmp_path):
+    host = sim_hosts("h100x8-mig")
+    config = tmp_path / "config.toml"
+    config.write_text(f'[host]\ndriver-root = "{host.driver_root}"\ndev-root = "{host.dev_root}"\n')
+    out = run_nvshim("dra", "slices", "--node-name", "n", env={"NVSHIM_CONFIG": str(config)})
+    assert out.returncode == 0, out.stderr
+    types = {
+        d["attributes"]["type"]["string"] for d in json.loads(out.stdout)[0]["spec"]["devices"]
+    }
+    assert types == {"gpu", "mig"}
+    classes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DeviceClass"}
+    assert set(classes) == {DRIVER_NAME, "mig.nvshim.io"}
+    for name, kind in ((DRIVER_NAME, "gpu"), ("mig.nvshim.io", "mig")):
+        (selector,) = classes[name]["spec"]["selectors"]
+        expression = " ".join(selector["cel"]["expression"].split())
+        assert f'device.driver == "{DRIVER_NAME}"' in expression
+        assert f'device.attributes["{DRIVER_NAME}"].type == "{kind}"' in expression

@@ -1,0 +1,434 @@
+"""The DRA driver on the real one-node cluster (tests/k8s: kube-apiserver, scheduler,
+controller-manager, kubelet, containerd 1.7 with CDI) over the simulated h100x8-mig host.
+
+`nvshim dra run` runs inside the cluster's namespaces as the DaemonSet's container would
+(the kubelet's plugin dirs, /var/run/cdi, the driver root at /run/nvidia/driver); the
+DeviceClasses come from packaging/kubernetes/dra. Pods are busybox: what they print is what
+containerd gave them through the claim's CDI spec."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import NVSHIM, REPO
+from tests.k8s.artifacts import BUSYBOX
+from tests.k8s.cluster import NODE_NAME, Cluster
+from tests.sim import fake_mps_control
+
+DRIVER_ROOT = "/run/nvidia/driver"
+CDI_DIR = "/var/run/cdi"
+KUBELET = "/var/lib/kubelet"
+REG_SOCK = f"{KUBELET}/plugins_registry/gpu.nvshim.io-reg.sock"
+PLUGIN_DIR = f"{KUBELET}/plugins/gpu.nvshim.io"
+SHOW = (
+    "ls /dev | grep -E '^nvidia[0-9]+$' | sed 's/^/node=/'; "
+    "ls /dev/nvidia-caps 2>/dev/null | sed 's/^/cap=/'; "
+    'echo "cvd=$CUDA_VISIBLE_DEVICES"; env | grep ^CUDA_MPS_ | sed "s/^/mps:/"; '
+    "ls /run/nvidia-mps 2>/dev/null | sed 's/^/pipe=/'; true"
+)
+
+
+class Plugin:
+    """``nvshim dra run`` inside the cluster's namespaces, its stderr in a file."""
+
+    def __init__(self, k8s: Cluster, config: str, log: str):
+        self.k8s, self.config, self.log_path = k8s, config, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        argv = [
+            "nsenter", f"--target={self.k8s.pid}", "--mount", "--net", "--pid", "--",
+            NVSHIM, "dra", "run", f"--kubeconfig={self.k8s.kubeconfig}",
+            f"--driver-root={DRIVER_ROOT}", f"--dev-root={DRIVER_ROOT}",
+            f"--cdi-dir={CDI_DIR}", f"--kubelet-dir={KUBELET}",
+            "--mps-root=/run/nvshim/dra-mps", "--interval=1",
+        ]  # fmt: skip
+        env = {**os.environ, "NVSHIM_CONFIG": self.config, "NODE_NAME": NODE_NAME}
+        before = self.registrations()
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(argv, env=env, stderr=log, stdout=log)
+        _wait(lambda: self.registrations() > before, 60, self.log)
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path) as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return ""
+
+    def registrations(self) -> int:
+        """How often the kubelet has confirmed a registration so far."""
+        return self.log().count("registered with the kubelet")
+
+    def pid(self) -> int:
+        """Host PID of the plugin (nsenter's child: it forks to enter the PID namespace)."""
+        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as fh:
+            return int(fh.read().split()[0])
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.kill(self.pid(), signal.SIGTERM)
+        self.proc.wait(timeout=30)
+        assert self.proc.returncode == 0, self.log()[-2000:]
+
+
+def _wait(predicate, timeout: float, detail=lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out; {str(detail())[-3000:]}")
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def cluster(launchers):
+    from tests.k8s.artifacts import k8s_archive
+
+    if k8s_archive() is None:  # as the harness's own fixtures: only without the archive
+        pytest.skip("no Kubernetes archive (../shared/k8s, $NVSHIM_K8S_ARCHIVE)")
+    c = Cluster(containerd="1.7").start()
+    # the claims' MPS daemons: the fake control binary in the simulated driver root
+    for rel, text in fake_mps_control.extra_files().items():
+        path = c.sim.host_path("/" + rel)
+        with open(path, "w") as fh:
+            fh.write(text)
+        os.chmod(path, 0o755)
+    tmp = tempfile.mkdtemp(prefix="k8s-dra-")
+    config = os.path.join(tmp, "config.toml")
+    with open(config, "w") as fh:
+        fh.write(f'[runtime]\nhook-path = "{launchers}/nvshim-hook"\nlog-file = "{tmp}/hook.log"\n')
+    rendered = subprocess.run(
+        [f"{c.k8s_bin}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    docs = yaml.safe_load_all(rendered)
+    c.apply([d for d in docs if d and d["kind"] == "DeviceClass"])
+    plugin = Plugin(c, config, os.path.join(tmp, "plugin.log"))
+    plugin.start()
+    try:
+        yield c, plugin
+    finally:
+        plugin.stop()
+        left = c.stop()
+        assert left == [], left
+
+
+@pytest.fixture
+def ns(cluster):
+    k8s, _ = cluster
+    name = f"dra{os.getpid() % 10000}-{time.monotonic_ns() % 100000}"
+    k8s.kubectl("create", "namespace", name)
+    k8s.wait_service_account(name)
+    yield name
+    k8s.kubectl("delete", "namespace", name, "--wait=true", "--timeout=60s", check=False)
+
+
+def _template(name: str, request: dict) -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}},
+    }
+
+
+def _pod(name: str, claim: dict, command: str = SHOW) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "c",
+                    "image": BUSYBOX,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", command],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", **claim}],
+        },
+    }
+
+
+def _apply(k8s, ns: str, *docs: dict) -> None:
+    for doc in docs:
+        doc["metadata"]["namespace"] = ns
+    k8s.apply(list(docs))
+
+
+def _output(k8s, ns: str, pod: str) -> dict[str, list[str]]:
+    phase = k8s.wait_pod_done(pod, ns, timeout=240)
+    logs = k8s.kubectl("logs", "-n", ns, pod).stdout
+    assert phase == "Succeeded", logs + k8s.kubectl("describe", "pod", "-n", ns, pod).stdout
+    out: dict[str, list[str]] = {}
+    for line in logs.splitlines():
+        key, _, value = (
+            line.partition("=") if not line.startswith("mps:") else ("mps", "", line[4:])
+        )
+        out.setdefault(key, []).append(value)
+    return out
+
+
+def _prepared(log: str, ns: str) -> list[str]:
+    """The devices the plugin's ``log`` says it prepared for the claims of namespace ``ns``
+    (a claim made from a template is gone once its pod has ended); the kubelet may ask
+    again (prepare is idempotent): each device once."""
+    devices: list[str] = []
+    for line in log.splitlines():
+        if f"prepare {ns}/" in line and "[" in line:
+            for device in line.split("): ", 1)[1].rsplit(" [", 1)[0].split(", "):
+                if device not in devices:
+                    devices.append(device)
+    return devices
+
+
+def _host(k8s):
+    from nvshim.host.discover import discover_host
+
+    return discover_host(k8s.sim.driver_root, k8s.sim.dev_root)
+
+
+def test_slices_published_for_the_node(cluster):
+    k8s, _ = cluster
+    _wait(lambda: k8s.get("resourceslices")["items"], 30)
+    (one,) = k8s.get("resourceslices")["items"]
+    assert one["spec"]["nodeName"] == NODE_NAME and one["spec"]["driver"] == "gpu.nvshim.io"
+    host = _host(k8s)
+    names = {d["name"] for d in one["spec"]["devices"]}
+    assert names == {f"gpu-{g.index}" for g in host.gpus if not g.mig_enabled} | {
+        f"mig-{m.parent_index}-{m.index}" for m in host.mig_devices()
+    }
+
+
+def test_claim_template_gives_the_pod_exactly_its_gpu(cluster, ns):
+    k8s, plugin = cluster
+    _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
+           _pod("p", {"resourceClaimTemplateName": "one"}))  # fmt: skip
+    out = _output(k8s, ns, "p")
+    (device,) = _prepared(plugin.log(), ns)
+    gpu = _host(k8s).gpu(int(device.split("-")[1]))
+    assert out["node"] == [f"nvidia{gpu.minor}"]
+    assert out["cvd"] == [gpu.uuid]
+    assert "mps" not in out
+
+
+def test_cel_selector_picks_a_mig_device_by_profile(cluster, ns):
+    k8s, plugin = cluster
+    host = _host(k8s)
+    profiles = sorted({m.profile for m in host.mig_devices()})
+    profile = profiles[-1]
+    selector = f'device.attributes["gpu.nvshim.io"].profile == "{profile}"'
+    request = {"deviceClassName": "mig.nvshim.io", "selectors": [{"cel": {"expression": selector}}]}
+    _apply(k8s, ns, _template("mig", request), _pod("p", {"resourceClaimTemplateName": "mig"}))
+    out = _output(k8s, ns, "p")
+    (device,) = _prepared(plugin.log(), ns)
+    mig = next(m for m in host.mig_devices() if device == f"mig-{m.parent_index}-{m.index}")
+    assert mig.profile == profile
+    assert out["cvd"] == [mig.uuid]
+    assert out["node"] == [f"nvidia{host.gpu(mig.parent_index).minor}"]
+    assert sorted(out["cap"]) == sorted(os.path.basename(n.path) for n in (mig.gi_cap, mig.ci_cap))
+
+
+def test_two_pods_share_one_claim(cluster, ns):
+    k8s, _ = cluster
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "shared"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvshim.io"}}]}},
+    }  # fmt: skip
+    hold = SHOW + "; sleep 2"
+    _apply(k8s, ns, claim, _pod("a", {"resourceClaimName": "shared"}, hold),
+           _pod("b", {"resourceClaimName": "shared"}, hold))  # fmt: skip
+    a, b = _output(k8s, ns, "a"), _output(k8s, ns, "b")
+    assert a["cvd"] == b["cvd"] and len(a["cvd"][0].split(",")) == 1
+    assert a["node"] == b["node"]
+
+
+def test_mps_claim_gets_its_daemon_and_limits(cluster, ns):
+    k8s, plugin = cluster
+    params = {
+        "apiVersion": "gpu.nvshim.io/v1alpha1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS",
+                    "mps": {"activeThreadPercentage": 40, "pinnedMemoryLimit": "8Gi"}},
+    }  # fmt: skip
+    template = _template("mps", {"deviceClassName": "gpu.nvshim.io"})
+    template["spec"]["spec"]["devices"]["config"] = [
+        {"opaque": {"driver": "gpu.nvshim.io", "parameters": params}}
+    ]
+    _apply(k8s, ns, template, _pod("p", {"resourceClaimTemplateName": "mps"}))
+    out = _output(k8s, ns, "p")
+    (device,) = _prepared(plugin.log(), ns)
+    gpu = _host(k8s).gpu(int(device.split("-")[1]))
+    mps = dict(line.split("=", 1) for line in out["mps"])
+    assert mps == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/nvidia-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{gpu.uuid}=8192M",
+    }
+    assert "nvidia-cuda-mps-control.pid" in out["pipe"]  # the claim's daemon's pipe dir
+
+
+def test_more_gpus_than_free_stays_pending_with_the_schedulers_reason(cluster, ns):
+    k8s, _ = cluster
+    whole = sum(1 for g in _host(k8s).gpus if not g.mig_enabled)
+    request = {"deviceClassName": "gpu.nvshim.io", "allocationMode": "ExactCount",
+               "count": whole + 1}  # fmt: skip
+    _apply(k8s, ns, _template("many", request), _pod("p", {"resourceClaimTemplateName": "many"}))
+
+    def condition() -> dict | None:
+        conds = k8s.get("pod", "-n", ns, "p").get("status", {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == "PodScheduled"), None)
+
+    _wait(lambda: condition() is not None, 60)
+    cond = condition()
+    assert cond["status"] == "False" and cond["reason"] == "Unschedulable", cond
+    assert "claim" in cond["message"], cond["message"]
+    assert k8s.get("pod", "-n", ns, "p")["status"]["phase"] == "Pending"
+
+
+def _cdi_specs(k8s) -> list[str]:
+    path = k8s.path(CDI_DIR)
+    return sorted(n for n in os.listdir(path) if n.startswith("k8s.gpu.nvshim.io")) if (
+        os.path.isdir(path)) else []  # fmt: skip
+
+
+def test_plugin_restart_keeps_prepared_claims(cluster, ns):
+    k8s, plugin = cluster
+    _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
+           _pod("p", {"resourceClaimTemplateName": "one"}, SHOW + "; sleep 3600"))  # fmt: skip
+    k8s.wait("pod/p", "-n", ns, "--for=condition=Ready", timeout=90)
+    (spec,) = _cdi_specs(k8s)
+    plugin.stop()
+    assert _cdi_specs(k8s) == [spec]  # the prepared claim survives the plugin
+    assert not os.path.exists(k8s.path(REG_SOCK))
+    plugin.start()  # waits for the kubelet to register it
+    k8s.kubectl("delete", "pod", "-n", ns, "p", "--wait=true", "--timeout=60s")
+    _wait(lambda: _cdi_specs(k8s) == [], 60, plugin.log)  # unprepared by the new plugin
+
+
+def _kubelet_pid(k8s) -> int:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"/kubelet") and f"--hostname-override={NODE_NAME}".encode() in argv:
+            if os.readlink(f"/proc/{entry}/ns/pid") == os.readlink(f"/proc/{k8s.pid}/ns/pid"):
+                return int(entry)
+    raise AssertionError("no kubelet")
+
+
+def test_kubelet_restart_registers_the_plugin_again(cluster, ns):
+    k8s, plugin = cluster
+    old = _kubelet_pid(k8s)
+    with open(f"/proc/{old}/cmdline", "rb") as fh:
+        argv = [a.decode() for a in fh.read().split(b"\0") if a]
+    with open(f"/proc/{old}/environ", "rb") as fh:
+        env = dict(e.decode().split("=", 1) for e in fh.read().split(b"\0") if b"=" in e)
+    registered = plugin.registrations()
+    os.kill(old, signal.SIGTERM)
+    _wait(lambda: not os.path.exists(f"/proc/{old}"), 30)
+    # nsinit does not restart the kubelet: start it again as systemd would
+    log = open(os.path.join(k8s.workdir, "kubelet-restarted.log"), "ab")  # noqa: SIM115
+    subprocess.Popen(["nsenter", f"--target={k8s.pid}", "--mount", "--net", "--pid", "--", *argv],
+                     env=env, stdout=log, stderr=log)  # fmt: skip
+    _wait(lambda: plugin.registrations() > registered, 90, plugin.log)
+    k8s.wait("node", NODE_NAME, "--for=condition=Ready", timeout=90)
+    _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
+           _pod("p", {"resourceClaimTemplateName": "one"}))  # fmt: skip
+    assert len(_output(k8s, ns, "p")["cvd"]) == 1
+
+
+def test_uninstall_leaves_nothing(cluster):
+    """Last in the module: stop the plugin, withdraw the slices; nothing of the driver is
+    left on the node."""
+    k8s, plugin = cluster
+    _wait(lambda: _cdi_specs(k8s) == [], 60)  # every claim unprepared (namespaces gone)
+    plugin.stop()
+    proc = k8s.nsenter(
+        [NVSHIM, "dra", "withdraw", f"--kubeconfig={k8s.kubeconfig}", f"--node-name={NODE_NAME}"],
+        env={"NVSHIM_CONFIG": plugin.config},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert k8s.get("resourceslices")["items"] == []
+    assert not os.path.exists(k8s.path(REG_SOCK))
+    assert not os.path.exists(k8s.path(PLUGIN_DIR))
+    mps = k8s.path("/run/nvshim/dra-mps")
+    assert not os.path.isdir(mps) or os.listdir(mps) == []  # claim daemons' dirs removed
+    with open(f"/proc/{k8s.pid}/mountinfo") as fh:
+        assert "dra-mps" not in fh.read()  # and their shm mounts
+
+
+def test_daemonset_deploys_the_driver(cluster, ns, launchers):
+    """After the uninstall above: packaging/kubernetes/dra as shipped (the node image, its
+    service account token, RBAC, the admission policy), the simulated driver root and a
+    test hook path patched in; a pod gets its GPU through it; deleting it removes the
+    plugin's sockets."""
+    k8s, _ = cluster
+    tag = k8s.import_node_image()
+    rendered = subprocess.run(
+        [f"{k8s.k8s_bin}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    for doc in docs:
+        if doc["kind"] == "DaemonSet":
+            (container,) = doc["spec"]["template"]["spec"]["containers"]
+            container["image"], container["imagePullPolicy"] = tag, "Never"
+            container["command"] = [
+                f"--{a[2:].split('=')[0]}=/host{DRIVER_ROOT}"
+                if a.startswith(("--driver-root=", "--dev-root="))
+                else a
+                for a in container["command"]
+            ]
+        if doc["kind"] == "ConfigMap":  # the node's hook: this checkout's launcher
+            doc["data"]["config.toml"] = f'[runtime]\nhook-path = "{launchers}/nvshim-hook"\n'
+    manifest = yaml.safe_dump_all(docs)
+    k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present=true")
+    try:
+        k8s.apply(manifest)
+        _wait(lambda: k8s.get("pods", "-n", "nvshim")["items"], 60)
+        k8s.wait("pod", "-n", "nvshim", "-l", "app.kubernetes.io/name=nvshim-dra",
+                 "--for=condition=Ready", timeout=180)  # fmt: skip
+        _wait(
+            lambda: k8s.get("resourceslices")["items"],
+            60,
+            lambda: k8s.kubectl("logs", "-n", "nvshim", "ds/nvshim-dra", check=False).stdout,
+        )
+        (one,) = k8s.get("resourceslices")["items"]
+        assert one["spec"]["nodeName"] == NODE_NAME  # written under the admission policy
+        _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
+               _pod("p", {"resourceClaimTemplateName": "one"}))  # fmt: skip
+        out = _output(k8s, ns, "p")
+        logs = k8s.kubectl("logs", "-n", "nvshim", "ds/nvshim-dra").stdout
+        (device,) = _prepared(logs, ns)
+        gpu = _host(k8s).gpu(int(device.split("-")[1]))
+        assert out["cvd"] == [gpu.uuid] and out["node"] == [f"nvidia{gpu.minor}"]
+        k8s.kubectl("delete", "pod", "-n", ns, "p", "--wait=true", "--timeout=60s")
+        _wait(lambda: _cdi_specs(k8s) == [], 60)
+    finally:
+        k8s.kubectl("delete", "-f", "-", "--wait=true", "--timeout=120s", "--ignore-not-found",
+                    input=manifest, check=False)  # fmt: skip
+        k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present-", check=False)
+    _wait(lambda: not os.path.exists(k8s.path(REG_SOCK)), 60)
+    assert not os.path.exists(k8s.path(PLUGIN_DIR))
+    proc = k8s.nsenter([NVSHIM, "dra", "withdraw", f"--kubeconfig={k8s.kubeconfig}",
+                        f"--node-name={NODE_NAME}"])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr

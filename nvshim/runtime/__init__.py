@@ -10,6 +10,16 @@ DAEMON_SOCKET = "runtime.sock"  # nvshim-runtimed listens here, in the cache dir
 MARKER_DIR = "exec"  # one empty file per container id nvshim prepared (create.py)
 
 
+def marker_path(container_id: str) -> str | None:
+    """The exec marker of ``container_id`` (written by ``create.mark_prepared``; the sh
+    front and a ``delete`` look for it), None for an id that cannot name a file there."""
+    if "/" in container_id or container_id in ("", ".", ".."):
+        return None
+    from nvshim.trusted import CACHE_DIR
+
+    return f"{CACHE_DIR.rstrip('/')}/{MARKER_DIR}/{container_id}"
+
+
 def exit_status(status: int) -> int:
     """A ``waitpid`` status as a shell reports it: the exit code, 128+N if killed by N."""
     import posix  # built in, loaded at start-up

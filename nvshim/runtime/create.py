@@ -23,13 +23,12 @@ def mark_prepared(container_id: str, prepared: bool = True) -> None:
     """Leave (or, for a container asking for no GPU, remove a stale) marker the front
     looks for. Without it an exec would escape the enforcement, so failing to write it
     fails the create."""
-    from nvshim.runtime import MARKER_DIR
-    from nvshim.trusted import CACHE_DIR
+    from nvshim.runtime import marker_path
 
-    if "/" in container_id or container_id in ("", ".", ".."):
+    path = marker_path(container_id)
+    if path is None:
         return
-    directory = os.path.join(CACHE_DIR, MARKER_DIR)
-    path = os.path.join(directory, container_id)
+    directory = os.path.dirname(path)
     if not prepared:
         try:
             os.unlink(path)

@@ -46,12 +46,10 @@ def _report(args, message: str) -> None:
 
 def prepared_before(container_id: str) -> bool:
     """Whether nvshim left an exec marker for ``container_id``."""
-    from nvshim.runtime import MARKER_DIR
-    from nvshim.trusted import CACHE_DIR
+    from nvshim.runtime import marker_path
 
-    if "/" in container_id or container_id in (".", ".."):
-        return False
-    return os.path.lexists(os.path.join(CACHE_DIR, MARKER_DIR, container_id))
+    path = marker_path(container_id)
+    return path is not None and os.path.lexists(path)
 
 
 def run(argv: list[str], lowlevel: LowLevel) -> int | None:

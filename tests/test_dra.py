@@ -370,6 +370,10 @@ def test_unknown_device_and_unallocated_claim_are_refused(api, node):
     assert "not allocated" in _prepare(plugin, [pending])[pending["uid"]]["error"]
     wrong = {**pending, "uid": "00000000-0000-0000-0000-000000000000"}
     assert "the kubelet asked for" in _prepare(plugin, [wrong])[wrong["uid"]]["error"]
+    for odd in ("../x", "\u00fc-uid"):  # a UID names a spec file: ASCII letters, digits, -
+        assert (
+            "is not a Kubernetes UID" in _prepare(plugin, [{**pending, "uid": odd}])[odd]["error"]
+        )
     assert not os.path.isdir(dirs["cdi"]) or os.listdir(dirs["cdi"]) == []
 
 
@@ -446,6 +450,10 @@ def test_gpu_config_validation():
         ({**base, "sharing": {"strategy": "TimeSlicing", "mps": {}}}, "only with strategy MPS"),
         ({**base, "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": 0}}}, "1..100"),
         ({**base, "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": "1.5G"}}}, "8Gi"),
+        # digits str.isdigit takes but int refuses (or reads as another script's)
+        ({**base, "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": "\u00b2Gi"}}}, "8Gi"),
+        ({**base, "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": "\u0663Gi"}}}, "8Gi"),
+        ({**base, "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": "\u00b2"}}}, "8Gi"),
     ):
         with pytest.raises(ParamsError, match=words):
             parse_gpu_config(bad)

@@ -31,6 +31,7 @@ from nvshim.host.model import Host
 CHECKPOINT = "checkpoint.json"
 CHECKPOINT_VERSION = 1
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
+_UID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
 
 
 class PrepareError(NvshimError):
@@ -52,7 +53,7 @@ def cdi_id(uid: str, device: str) -> str:
 
 
 def _check_uid(uid: str) -> str:
-    if not uid or len(uid) > 64 or not all(c.isalnum() or c == "-" for c in uid):
+    if not uid or len(uid) > 64 or not _UID_CHARS.issuperset(uid):
         raise PrepareError(f"claim UID {uid!r} is not a Kubernetes UID")
     return uid
 

@@ -4,6 +4,7 @@ plugin's real gRPC sockets spoken to by a real gRPC client, as the kubelet would
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -531,6 +532,18 @@ def test_bad_kubeconfig_is_one_line(tmp_path, sim):
     assert out.stderr.strip().splitlines() == [
         f"nvshim: error: kubeconfig {bad}: no usable current context"
     ]
+    # CA data that is not base64, or not a certificate: one line naming the kubeconfig
+    for ca in ("!!notbase64", base64.b64encode(b"not a cert").decode()):
+        bad.write_text(
+            "current-context: c\n"
+            "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+            f"clusters: [{{name: k, cluster: {{server: 'https://127.0.0.1:1',"
+            f" certificate-authority-data: '{ca}'}}}}]\n"
+        )
+        out = run_nvshim("dra", "withdraw", "--node-name", "n", "--kubeconfig", str(bad))
+        assert out.returncode == 1, out.stderr
+        (line,) = out.stderr.strip().splitlines()
+        assert line.startswith(f"nvshim: error: kubeconfig {bad}: unusable TLS settings: ")
 
 
 def test_specs_name_the_nodes_paths_when_run_in_a_pod(api, sim, short_tmp, monkeypatch):

@@ -4,6 +4,7 @@ plugin's real gRPC sockets spoken to by a real gRPC client, as the kubelet would
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -370,6 +371,10 @@ def test_unknown_device_and_unallocated_claim_are_refused(api, node):
     assert "not allocated" in _prepare(plugin, [pending])[pending["uid"]]["error"]
     wrong = {**pending, "uid": "00000000-0000-0000-0000-000000000000"}
     assert "the kubelet asked for" in _prepare(plugin, [wrong])[wrong["uid"]]["error"]
+    for odd in ("../x", "\u00fc-uid"):  # a UID names a spec file: ASCII letters, digits, -
+        assert (
+            "is not a Kubernetes UID" in _prepare(plugin, [{**pending, "uid": odd}])[odd]["error"]
+        )
     assert not os.path.isdir(dirs["cdi"]) or os.listdir(dirs["cdi"]) == []
 
 
@@ -446,6 +451,10 @@ def test_gpu_config_validation():
         ({**base, "sharing": {"strategy": "TimeSlicing", "mps": {}}}, "only with strategy MPS"),
         ({**base, "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": 0}}}, "1..100"),
         ({**base, "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": "1.5G"}}}, "8Gi"),
+        # digits str.isdigit takes but int refuses (or reads as another script's)
+        ({**base, "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": "\u00b2Gi"}}}, "8Gi"),
+        ({**base, "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": "\u0663Gi"}}}, "8Gi"),
+        ({**base, "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": "\u00b2"}}}, "8Gi"),
     ):
         with pytest.raises(ParamsError, match=words):
             parse_gpu_config(bad)
@@ -523,6 +532,18 @@ def test_bad_kubeconfig_is_one_line(tmp_path, sim):
     assert out.stderr.strip().splitlines() == [
         f"nvshim: error: kubeconfig {bad}: no usable current context"
     ]
+    # CA data that is not base64, or not a certificate: one line naming the kubeconfig
+    for ca in ("!!notbase64", base64.b64encode(b"not a cert").decode()):
+        bad.write_text(
+            "current-context: c\n"
+            "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+            f"clusters: [{{name: k, cluster: {{server: 'https://127.0.0.1:1',"
+            f" certificate-authority-data: '{ca}'}}}}]\n"
+        )
+        out = run_nvshim("dra", "withdraw", "--node-name", "n", "--kubeconfig", str(bad))
+        assert out.returncode == 1, out.stderr
+        (line,) = out.stderr.strip().splitlines()
+        assert line.startswith(f"nvshim: error: kubeconfig {bad}: unusable TLS settings: ")
 
 
 def test_specs_name_the_nodes_paths_when_run_in_a_pod(api, sim, short_tmp, monkeypatch):

@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 
 import kubernetes_validate
 import pytest
-import yaml
 
 from nvshim.dra import DRIVER_NAME
 from nvshim.dra.server import socket_paths
 from tests.conftest import REPO, run_nvshim
-from tests.test_kubernetes_manifests import newest_bundled
+from tests.test_kubernetes_manifests import by_kind, kustomize, mount_for, newest_bundled
 
 DRA = os.path.join(REPO, "packaging", "kubernetes", "dra")
 
@@ -25,16 +23,7 @@ pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs k
 
 @pytest.fixture(scope="module")
 def docs() -> list[dict]:
-    out = subprocess.run(
-        ["kubectl", "kustomize", DRA], capture_output=True, text=True, check=True
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def _one(docs, kind, name=None) -> dict:
-    found = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
-    assert len(found) == 1, (kind, name)
-    return found[0]
+    return kustomize(DRA)
 
 
 @pytest.mark.parametrize("version", ["1.34.0", newest_bundled()])
@@ -56,7 +45,7 @@ def test_renders_and_validates(docs, version):
 
 
 def test_daemonset_runs_nvshim_dra_with_the_kubelets_paths(docs):
-    pod = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = by_kind(docs, "DaemonSet")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     command = container["command"]
     assert command[:3] == ["/opt/nvshim/bin/nvshim", "dra", "run"]
@@ -65,15 +54,11 @@ def test_daemonset_runs_nvshim_dra_with_the_kubelets_paths(docs):
     for option in given:
         assert f"--{option}" in help_text, option
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
 
     def host_path_of(path: str) -> str:
         """The node path behind ``path`` in the pod (the longest mount holding it)."""
-        mount = max(
-            (m for m in mounts if path == m or path.startswith(m.rstrip("/") + "/")), key=len
-        )
-        source = volumes[mounts[mount]["name"]]["hostPath"]["path"]
-        return os.path.normpath(source + path[len(mount) :])
+        mount, volume = mount_for(path, pod, container)
+        return os.path.normpath(volume["hostPath"]["path"] + path[len(mount["mountPath"]) :])
 
     # the sockets the kubelet must find are at the same paths on the node
     for sock in socket_paths(given["kubelet-dir"]):
@@ -86,14 +71,14 @@ def test_daemonset_runs_nvshim_dra_with_the_kubelets_paths(docs):
     assert mounts[mps_mount]["mountPropagation"] == "Bidirectional"  # daemon shm for the node
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    config = _one(docs, "ConfigMap")
+    config = by_kind(docs, "ConfigMap")
     assert env["NVSHIM_CONFIG"]["value"].startswith(mounts["/etc/nvshim-dra"]["mountPath"])
     assert "nvshim-hook" in config["data"]["config.toml"]
-    assert pod["serviceAccountName"] == _one(docs, "ServiceAccount")["metadata"]["name"]
+    assert pod["serviceAccountName"] == by_kind(docs, "ServiceAccount")["metadata"]["name"]
 
 
 def test_rbac_grants_exactly_what_the_driver_calls(docs):
-    rules = _one(docs, "ClusterRole")["rules"]
+    rules = by_kind(docs, "ClusterRole")["rules"]
     granted = {(g, r, v) for rule in rules for g in rule["apiGroups"]
                for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
     for verb in ("list", "create", "update", "delete"):
@@ -101,12 +86,12 @@ def test_rbac_grants_exactly_what_the_driver_calls(docs):
     assert ("resource.k8s.io", "resourceclaims", "get") in granted
     assert ("", "nodes", "get") in granted
     assert not any(v in ("*", "patch", "escalate") for _, _, v in granted)
-    binding = _one(docs, "ClusterRoleBinding")
-    sa = _one(docs, "ServiceAccount")
+    binding = by_kind(docs, "ClusterRoleBinding")
+    sa = by_kind(docs, "ServiceAccount")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "nvshim"}
     ]
-    policy = _one(docs, "ValidatingAdmissionPolicy")
+    policy = by_kind(docs, "ValidatingAdmissionPolicy")
     (condition,) = policy["spec"]["matchConditions"]
     assert f"system:serviceaccount:nvshim:{sa['metadata']['name']}" in condition["expression"]
 

@@ -34,14 +34,16 @@ def newest_bundled() -> str:
     return ".".join(map(str, max(versions)))
 
 
-def render(overlay: str) -> list[dict]:
+def kustomize(directory: str) -> list[dict]:
+    """The documents `kubectl kustomize DIRECTORY` renders."""
     out = subprocess.run(
-        ["kubectl", "kustomize", os.path.join(KUBE, "overlays", overlay)],
-        capture_output=True,
-        text=True,
-        check=True,
+        ["kubectl", "kustomize", directory], capture_output=True, text=True, check=True
     ).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def render(overlay: str) -> list[dict]:
+    return kustomize(os.path.join(KUBE, "overlays", overlay))
 
 
 def by_kind(docs: list[dict], kind: str) -> dict:
@@ -77,7 +79,7 @@ def _container(docs: list[dict]) -> tuple[dict, dict]:
     return pod, container
 
 
-def _mount_for(path: str, pod: dict, container: dict) -> tuple[dict, dict]:
+def mount_for(path: str, pod: dict, container: dict) -> tuple[dict, dict]:
     """The volume mount holding ``path`` and its volume."""
     mounts = [
         m
@@ -108,14 +110,14 @@ def test_daemonset_matches_what_nvshim_node_reads(overlay, tmp_path):
     assert s.engine is not None and s.engine_name == env["RUNTIME"]
 
     # the host root is the node's / (the engine config, socket, CDI dir live under it)
-    mount, volume = _mount_for(s.host_root, pod, container)
+    mount, volume = mount_for(s.host_root, pod, container)
     assert mount["mountPath"] == s.host_root and volume["hostPath"]["path"] == "/"
     assert mount.get("mountPropagation") == "Bidirectional"  # MPS shm mounts reach the host
 
     # the mounted configs are the ConfigMaps' keys
     maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     for path in (s.node_config, s.sharing_config):
-        mount, volume = _mount_for(path, pod, container)
+        mount, volume = mount_for(path, pod, container)
         data = maps[volume["configMap"]["name"]]["data"]
         assert os.path.relpath(path, mount["mountPath"]) in data
     # the installer accepts the ConfigMaps' files as they are
@@ -123,7 +125,7 @@ def test_daemonset_matches_what_nvshim_node_reads(overlay, tmp_path):
 
     given = {}
     for path in (s.node_config, s.sharing_config):
-        volume = _mount_for(path, pod, container)[1]
+        volume = mount_for(path, pod, container)[1]
         copy = tmp_path / os.path.basename(path)
         copy.write_text(maps[volume["configMap"]["name"]]["data"][os.path.basename(path)])
         given[path] = str(copy)
@@ -136,7 +138,7 @@ def test_daemonset_matches_what_nvshim_node_reads(overlay, tmp_path):
 
     # the readiness probe looks at the file the installer writes, on a writable volume
     assert container["readinessProbe"]["exec"]["command"] == ["test", "-e", s.ready_file]
-    mount, volume = _mount_for(s.ready_file, pod, container)
+    mount, volume = mount_for(s.ready_file, pod, container)
     assert "emptyDir" in volume
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
@@ -168,5 +170,5 @@ def test_exporter_sidecar_serves_the_installed_bundle_on_the_scraped_port(overla
     assert [p["containerPort"] for p in sidecar["ports"]] == [
         int(annotations["prometheus.io/port"])
     ]
-    mount, volume = _mount_for(s.host_root, pod, sidecar)
+    mount, volume = mount_for(s.host_root, pod, sidecar)
     assert volume["hostPath"]["path"] == "/" and mount["readOnly"] is True

@@ -8,6 +8,8 @@ import os
 import click
 
 from nvshim.cli.common import discover, root_options
+from nvshim.console import warn
+from nvshim.dra import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, DEFAULT_MPS_ROOT
 from nvshim.errors import UsageError
 
 
@@ -36,11 +38,11 @@ def dra() -> None:
 @dra.command()
 @_node_option
 @_kubeconfig_option
-@click.option("--kubelet-dir", default="/var/lib/kubelet", show_default=True, metavar="DIR")
-@click.option("--cdi-dir", default="/var/run/cdi", show_default=True, metavar="DIR")
+@click.option("--kubelet-dir", default=DEFAULT_KUBELET_DIR, show_default=True, metavar="DIR")
+@click.option("--cdi-dir", default=DEFAULT_CDI_DIR, show_default=True, metavar="DIR")
 @click.option(
     "--mps-root",
-    default="/run/nvshim/dra-mps",
+    default=DEFAULT_MPS_ROOT,
     show_default=True,
     metavar="DIR",
     help="Where the claims' MPS daemons keep their pipe, log and shm directories.",
@@ -88,7 +90,7 @@ def slices(node_name, driver_root, dev_root, config) -> None:
     warnings: list[str] = []
     devices = slice_devices(host, config, warnings)
     for warning in warnings:
-        click.echo(f"nvshim: warning: {warning}", err=True)
+        warn(warning)
     click.echo(json.dumps(desired_slices(_node(node_name), devices, 1), indent=2))
 
 

@@ -128,6 +128,18 @@ def from_kubeconfig(path: str) -> Kube:
     except (KeyError, TypeError):
         raise NvshimError(f"kubeconfig {path}: no usable current context") from None
     base = os.path.dirname(os.path.abspath(path))
+    try:
+        context = _tls_context(cluster, user, base)
+    except (ValueError, OSError) as err:  # bad base64 or PEM, a missing file
+        raise NvshimError(f"kubeconfig {path}: unusable TLS settings: {err}") from None
+    token = user.get("token")
+    if not token and user.get("tokenFile"):
+        token = _read(os.path.join(base, user["tokenFile"]), "token file")
+    return Kube(server, context, token)
+
+
+def _tls_context(cluster: dict, user: dict, base: str) -> ssl.SSLContext:
+    """The cluster's CA and the user's client certificate (paths relative to ``base``)."""
     context = ssl.create_default_context()
     if cluster.get("certificate-authority-data"):
         ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
@@ -140,10 +152,7 @@ def from_kubeconfig(path: str) -> Kube:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     _client_cert(context, user, base)
-    token = user.get("token")
-    if not token and user.get("tokenFile"):
-        token = _read(os.path.join(base, user["tokenFile"]), "token file")
-    return Kube(server, context, token)
+    return context
 
 
 def _named(items: list, name: str, default: Any = None) -> dict:

@@ -51,13 +51,18 @@ def _check_keys(table: Any, where: str, allowed: tuple[str, ...]) -> dict:
     return table
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` takes ``²``, which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def _quantity_mib(value: Any, where: str) -> int:
     """A memory quantity (``8Gi``, ``512Mi``, or an integer of bytes) in whole MiB (>= 1)."""
     if isinstance(value, int) and not isinstance(value, bool):
         size = value
-    elif isinstance(value, str) and value[-2:] in _UNITS and value[:-2].isdigit():
+    elif isinstance(value, str) and value[-2:] in _UNITS and _digits(value[:-2]):
         size = int(value[:-2]) * _UNITS[value[-2:]]
-    elif isinstance(value, str) and value.isdigit():
+    elif isinstance(value, str) and _digits(value):
         size = int(value)
     else:
         raise ParamsError(f"{where}: must be a quantity such as 8Gi or 512Mi, got {value!r}")

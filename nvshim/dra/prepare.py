@@ -31,6 +31,7 @@ from nvshim.host.model import Host
 CHECKPOINT = "checkpoint.json"
 CHECKPOINT_VERSION = 1
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
+_UID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
 
 
 class PrepareError(NvshimError):
@@ -52,7 +53,7 @@ def cdi_id(uid: str, device: str) -> str:
 
 
 def _check_uid(uid: str) -> str:
-    if not uid or len(uid) > 64 or not all(c.isalnum() or c == "-" for c in uid):
+    if not uid or len(uid) > 64 or not _UID_CHARS.issuperset(uid):
         raise PrepareError(f"claim UID {uid!r} is not a Kubernetes UID")
     return uid
 
@@ -295,16 +296,16 @@ class Driver:
 
     def _spec(self, uid, results, by_name, per_request) -> dict[str, Any]:
         from nvshim.cdi.writer import assemble_spec
-        from nvshim.host.edits import common_edits, device_edits
+        from nvshim.host.edits import all_devices, common_edits, device_edits
         from nvshim.policy.capabilities import parse_capabilities
 
         caps = parse_capabilities(None, self.config.get("policy", "default-capabilities"), [])
         hook_path = self.config.get("runtime", "hook-path")
         view = self.host_view()
-        by_name = {name: view_device(view, d) for name, d in by_name.items()}
+        in_view = {d.uuid: d for d in all_devices(view)}  # the same devices, the node's paths
         devices = []
         for r in results:
-            device = by_name[r["device"]]
+            device = in_view[by_name[r["device"]].uuid]
             edits = device_edits(device, view).merge(per_request[r["request"]])
             edits = self._node_hooks(edits)
             devices.append({"name": f"{uid}-{r['device']}", "containerEdits": edits.to_cdi()})
@@ -422,13 +423,6 @@ class Driver:
             except FileNotFoundError:
                 pass
             return True
-
-
-def view_device(view: Host, device):
-    """The device of the same UUID in ``view``."""
-    from nvshim.host.edits import all_devices
-
-    return next(d for d in all_devices(view) if d.uuid == device.uuid)
 
 
 def _listdir(path: str) -> list[str]:

@@ -18,7 +18,7 @@ import time
 from nvshim.dra import slices
 from nvshim.dra.kube import Kube, KubeError
 from nvshim.dra.prepare import Driver
-from nvshim.dra.server import Plugin, log
+from nvshim.dra.server import Plugin, log, socket_paths
 from nvshim.errors import NvshimError
 
 KEY_OPTIONS = {"sink": "dra-resourceslices"}
@@ -86,14 +86,13 @@ def run(
     host_root: str = "/",
 ) -> None:
     """Run until SIGTERM or SIGINT."""
-    from nvshim.dra import DRIVER_NAME
     from nvshim.host.discover import discover_host
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     host = discover_host(driver_root, dev_root)
-    plugin_dir = os.path.join(kubelet_dir, "plugins", DRIVER_NAME)
+    plugin_dir = os.path.dirname(socket_paths(kubelet_dir)[1])  # its DRA socket's
     driver = Driver(kube, node, host, config, cdi_dir, plugin_dir, mps_root, host_root)
     for line in driver.reconcile():
         log(line)

@@ -153,6 +153,15 @@ class RootFS:
         """Open ``path`` inside the root (symlinks followed, but only within it)."""
         return open_in_root(self.fd, path, flags, mode)
 
+    def stat(self, path: str) -> os.stat_result:
+        """``fstat`` of ``path`` inside the root through an ``O_PATH`` open, which never
+        blocks on a FIFO nor opens a device; errors as ``open``."""
+        fd = self.open(path, os.O_PATH)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
     def open_dir(self, path: str, create: bool = False, mode: int = 0o755, _links: int = 0) -> int:
         """An O_PATH fd of directory ``path``; with ``create``, missing ones are made
         component by component (``mkdirat`` on the parent's fd). A dangling symlink on
@@ -196,13 +205,9 @@ class RootFS:
         are refused without being opened.
         """
         try:
-            probe = self.open(path, os.O_PATH)
+            want = self.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        try:
-            want = os.fstat(probe)
-        finally:
-            os.close(probe)
         if not stat.S_ISREG(want.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
         if want.st_size > limit:

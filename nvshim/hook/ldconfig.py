@@ -222,14 +222,10 @@ def has_glibc_loader(root: RootFS) -> bool:
     the root), i.e. something in it can read an ld.so cache."""
     for path in GLIBC_LOADERS:
         try:
-            fd = root.open(path, os.O_PATH)
+            if stat.S_ISREG(root.stat(path).st_mode):
+                return True
         except OSError:
             continue
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                return True
-        finally:
-            os.close(fd)
     return False
 
 
@@ -273,19 +269,15 @@ def refuse_special_confs(root: RootFS) -> None:
     root is not a regular file (a FIFO would block it until its timeout, holding the
     caller and a daemon worker meanwhile): ``/etc/ld.so.conf``, the entries of
     ``/etc/ld.so.conf.d`` (nvshim's include) and, a few levels deep, what ``include``
-    lines name. Looked at through ``O_PATH``, which never blocks."""
+    lines name. Looked at through ``RootFS.stat``, which never blocks."""
     ours = [n for n in root.listdir(CONF_DIR) or () if n.endswith(".conf")]
     todo = [(CONF, 0)] + [(f"{CONF_DIR}/{n}", 1) for n in ours]
     while todo:
         path, depth = todo.pop()
         try:
-            fd = root.open(path, os.O_PATH)
+            mode = root.stat(path).st_mode
         except OSError:
             continue  # absent or unreachable: ldconfig finds nothing there either
-        try:
-            mode = os.fstat(fd).st_mode
-        finally:
-            os.close(fd)
         if stat.S_ISDIR(mode):
             continue  # ldconfig reads no directory as configuration
         if not stat.S_ISREG(mode):

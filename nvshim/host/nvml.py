@@ -97,10 +97,6 @@ def mig_profile(gi_slices: int, ci_slices: int, mig_mib: int, parent_bytes: int)
     return base if ci_slices == gi_slices else f"{ci_slices}c.{base}"
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def load_library(path: str | None):
     """Import pynvml and bind it to the NVML library at ``path`` (None: the system's)."""
     try:

@@ -327,13 +327,14 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
     capabilities = parse_capabilities(
         env.get("NVIDIA_DRIVER_CAPABILITIES"), _policy(policy, "default-capabilities"), warnings
     )
+    requirements, disable_require = requirements_of(env)
     return ContainerRequest(
         source=source,
         devices=devices,
         capabilities=capabilities,
         privileged=privileged,
-        requirements=requirements_of(env)[0],
-        disable_require=requirements_of(env)[1],
+        requirements=requirements,
+        disable_require=disable_require,
         denied=denied,
         env=env,
         warnings=tuple(warnings),

@@ -92,9 +92,8 @@ def _served(interpreter: str, slots_name: str, lost_code: str) -> str:
 # Python does it
 srv() {{
   d=$c/{slots_name}
-  [ -p "$d/0.r" ] && [ -d "/proc/$$/fd" ] && mine "$c" "$d" || return 0
-  for w in /usr/bin/sleep /bin/sleep ''; do [ -n "$w" ] && [ -f "$w" ] && [ -x "$w" ] && break; done
-  [ -n "$w" ] || return 0
+  [ -p "$d/0.r" ] && [ -d "/proc/$$/fd" ] && mine "$c" "$d" && tool sleep || return 0
+  w=$x
   for i in 4 5 6 7; do [ -e "/proc/$$/fd/$i" ] && return 0; done
   set -C
   i=0 k=$(($$ % {SLOTS}))
@@ -112,9 +111,8 @@ fifo() {{ [ -p "$1" ] && [ ! -L "$1" ] && [ -O "$1" ]; }}
 mine() {{
   [ -O "$1" ] && [ -d "$2" ] && [ ! -L "$2" ] && [ -O "$2" ] || return 1
   case $1 in *[!A-Za-z0-9/._+@:-]*) return 1 ;; esac
-  for l in /usr/bin/ls /bin/ls ''; do [ -n "$l" ] && [ -f "$l" ] && [ -x "$l" ] && break; done
-  [ -n "$l" ] || return 1
-  set -f; set -- $(LC_ALL=C "$l" -dnL -l -- "$1" "$2" 2>/dev/null); set +f
+  tool ls || return 1
+  set -f; set -- $(LC_ALL=C "$x" -dnL -l -- "$1" "$2" 2>/dev/null); set +f
   [ "$#" -gt 0 ] && [ $(($# % 2)) -eq 0 ] || return 1
   case $1 in {mode_c}|{mode_c}.) ;; *) return 1 ;; esac
   shift $(($# / 2))
@@ -186,6 +184,11 @@ def front_text(
 # this script cannot classify start Python; every other call is exec'd into the
 # low-level runtime.
 py() {{ exec {sh_quote(interpreter)} -IS -c {sh_quote(code)} "$0" "$@"; }}
+# tool NAME: x=/usr/bin/NAME, else /bin/NAME, if an executable file; false if neither is
+tool() {{
+  for x in "/usr/bin/$1" "/bin/$1"; do [ -f "$x" ] && [ -x "$x" ] && return 0; done
+  return 1
+}}
 nl='
 '
 c=${{NVSHIM_CACHE_DIR:-{sh_quote(default)}}}
@@ -306,8 +309,7 @@ fi
   [ -n "$mk" ] || exec "$rt" "$@"
   "$rt" "$@"
   k=$?
-  for g in /usr/bin/rm /bin/rm ''; do [ -n "$g" ] && [ -f "$g" ] && [ -x "$g" ] && break; done
-  [ "$k" -ne 0 ] || [ -z "$g" ] || "$g" -f -- "$c/{MARKER_DIR}/$id"
+  [ "$k" -ne 0 ] || ! tool rm || "$x" -f -- "$c/{MARKER_DIR}/$id"
   exit "$k"
 }}
 # a create or run from here on: the shell never reads this for other calls
@@ -315,9 +317,8 @@ fi
 # ($t, one a line) that could make nvshim edit it (nvshim.policy.request_triggers)
 gpu() {{
   [ -f "$1" ] || return 0
-  for g in /usr/bin/grep /bin/grep ''; do [ -n "$g" ] && [ -f "$g" ] && [ -x "$g" ] && break; done
-  [ -n "$g" ] || return 0
-  j=$1
+  tool grep || return 0
+  g=$x j=$1
   set -f; IFS=$nl; set -- $t; unset IFS; set +f
   [ "$#" -gt 0 ] || return 0
   k=$#

@@ -189,8 +189,8 @@ def install_host(
     launchers for the running interpreter are written straight into ``bin_dir``.
     ``hooks_dir`` gets the OCI hook file naming the final ``nvshim-hook``.
     ``versioned`` (a live host whose runtime may be running: the node installer):
-    ``prefix`` becomes a symlink to ``PREFIX-versions/NAME`` (:func:`_install_version`)
-    and older trees nothing runs from are removed.
+    ``prefix`` becomes a symlink to ``PREFIX-versions/NAME`` (:func:`_install_version`);
+    the caller prunes older trees (:func:`prune_versions`) once the install is complete.
     """
     source = source or bundle_root()
     if prefix is None and source:
@@ -206,8 +206,7 @@ def install_host(
     else:
         target = under(dest_root, prefix)
         if source and versioned:
-            final, paths = _install_version(source, dest_root, prefix)
-            written += paths
+            written += _install_version(source, dest_root, prefix)[1]
         elif source:
             check_prefix(source, prefix)
             _copy_bundle(source, target)
@@ -233,8 +232,6 @@ def install_host(
         outside.append(final)
     if prefix is not None:
         _write_manifest(under(dest_root, prefix), prefix, outside, bool(source))
-    if source and versioned:
-        prune_versions(dest_root, prefix, keep=os.path.basename(final))
     return written
 
 

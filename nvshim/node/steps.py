@@ -356,11 +356,12 @@ def install(s: NodeSettings, say: Say) -> object:
             say("taking back what this install wrote")
             uninstall(s, say)
         elif previous is not None and os.path.isdir(os.path.join(os.path.dirname(link), previous)):
-            from nvshim.install import replace_link
+            from nvshim.install import prune_versions, replace_link
 
             if not os.path.islink(link) or os.readlink(link) != previous:
                 replace_link(link, previous)
                 say(f"{link}: switched back to {previous}; the earlier install stays")
+                prune_versions(s.host_root, s.prefix, keep=os.path.basename(previous))
         raise
 
 
@@ -386,7 +387,19 @@ def _install(s: NodeSettings, say: Say) -> object:
         write_cdi(s, say, host)
     runtimed.install(s, say)
     configure_engine(s, say)
+    prune_files(s, say)
     return host
+
+
+def prune_files(s: NodeSettings, say: Say) -> None:
+    """Remove the bundle trees of earlier installs (and an uninstall's pass-through) that
+    no process runs from, now that the engine names this one."""
+    from nvshim.install import prune_versions
+
+    link = s.here(s.prefix)
+    keep = os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+    for path in prune_versions(s.host_root, s.prefix, keep=keep):
+        say(f"removed {path}")
 
 
 def uninstall(s: NodeSettings, say: Say) -> list[str]:

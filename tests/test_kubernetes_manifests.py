@@ -252,3 +252,29 @@ def test_default_overlays_keep_the_safe_env_policy():
         s = resolve_node({}, {e["name"]: e["value"] for e in container["env"]})
         assert "accept-env-unprivileged" not in s.policy
         assert s.engine.set_as_default is False
+
+
+EXAMPLES = sorted(os.listdir(os.path.join(KUBE, "examples")))
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_examples_validate_and_ask_through_a_form_nvshim_honours(example):
+    """The documented pods: valid, on the nvshim runtime class, and asking in a form the
+    default policy honours for an unprivileged container (device mounts or a device
+    plugin resource), never NVIDIA_VISIBLE_DEVICES alone."""
+    with open(os.path.join(KUBE, "examples", example), encoding="utf-8") as fh:
+        (pod,) = [d for d in yaml.safe_load_all(fh) if d]
+    for version in (OLDEST, newest_bundled()):
+        kubernetes_validate.validate(pod, version, strict=True)
+    spec = pod["spec"]
+    assert spec["runtimeClassName"] == "nvshim"
+    (container,) = spec["containers"]
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in container.get("env", [])}
+    mounts = container.get("volumeMounts", [])
+    limits = container.get("resources", {}).get("limits", {})
+    assert limits.get("nvidia.com/gpu") or any(
+        m["mountPath"].startswith("/var/run/nvidia-container-devices/") for m in mounts
+    )
+    for mount in mounts:
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert volume["hostPath"] == {"path": "/dev/null", "type": "CharDevice"}

@@ -16,6 +16,8 @@ CACHE_DIR = os.environ["NVSHIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nvshim-tes
 
 from tests.hostguard import HostGuard  # noqa: E402
 
+pytest_plugins = ["tests.k8s.fixtures"]  # k8s, k8s_16, k8s_17, k8s_ns, k8s_clusters
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GUARD = HostGuard()
 

@@ -47,19 +47,51 @@ def _layer_tar(rootfs: str) -> bytes:
     return buf.getvalue()
 
 
-def image_archive(rootfs: str | os.PathLike, dest: str | os.PathLike, refs: Iterable[str]) -> str:
+def image_archive(
+    rootfs: str | os.PathLike,
+    dest: str | os.PathLike,
+    refs: Iterable[str],
+    cmd: list[str] | None = None,
+) -> str:
     """Write a docker-archive tar of ``rootfs`` named ``refs`` at ``dest``; return ``dest``.
 
-    The image's command is ``sleep`` for a long time (so it also serves as a pod sandbox
-    image); containers give their own command.
+    The image's command is ``cmd``, by default ``sleep`` for a long time (so it also serves
+    as a pod sandbox image); containers give their own command.
     """
-    layer = _layer_tar(os.fspath(rootfs))
-    layer_id = hashlib.sha256(layer).hexdigest()
+    dest = os.fspath(dest)
+    layer = dest + ".layer"
+    with open(layer, "wb") as fh:
+        fh.write(_layer_tar(os.fspath(rootfs)))
+    try:
+        return layer_archive(layer, dest, refs, cmd=cmd or ["/bin/sleep", "86400"])
+    finally:
+        os.unlink(layer)
+
+
+def layer_archive(
+    layer: str | os.PathLike,
+    dest: str | os.PathLike,
+    refs: Iterable[str],
+    entrypoint: list[str] | None = None,
+    cmd: list[str] | None = None,
+) -> str:
+    """Write a docker-archive tar at ``dest`` whose one layer is the tar file ``layer``
+    (a root filesystem tarball), named ``refs``, with ``entrypoint`` and ``cmd``."""
+    digest = hashlib.sha256()
+    with open(layer, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    layer_id = digest.hexdigest()
+    image_config: dict = {"Env": [f"PATH={IMAGE_PATH}"]}
+    if entrypoint:
+        image_config["Entrypoint"] = list(entrypoint)
+    if cmd:
+        image_config["Cmd"] = list(cmd)
     config = {
         "architecture": _ARCH.get(platform.machine(), platform.machine()),
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
-        "config": {"Env": [f"PATH={IMAGE_PATH}"], "Cmd": ["/bin/sleep", "86400"]},
+        "config": image_config,
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_id}"]},
         "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "tests/cri_util.py"}],
     }
@@ -68,14 +100,13 @@ def image_archive(rootfs: str | os.PathLike, dest: str | os.PathLike, refs: Iter
     manifest = [
         {"Config": config_name, "RepoTags": list(refs), "Layers": [f"{layer_id}/layer.tar"]}
     ]
-    members = {
-        f"{layer_id}/layer.tar": layer,
-        config_name: config_bytes,
-        "manifest.json": json.dumps(manifest).encode(),
-    }
     dest = os.fspath(dest)
     with tarfile.open(dest, "w") as tar:
-        for name, data in members.items():
+        tar.add(os.fspath(layer), arcname=f"{layer_id}/layer.tar", recursive=False)
+        for name, data in (
+            (config_name, config_bytes),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

@@ -9,12 +9,15 @@ need_pkgs=()
 for spec in gcc:gcc ldconfig:libc-bin runc:runc podman:podman containerd:containerd \
             busybox:busybox-static ip:iproute2 unshare:util-linux mmdebstrap:mmdebstrap \
             lintian:lintian dh:debhelper dpkg-buildpackage:dpkg-dev fakeroot:fakeroot \
-            patchelf:patchelf systemd-analyze:systemd kubectl:kubectl; do
+            patchelf:patchelf systemd-analyze:systemd kubectl:kubectl etcd:etcd-server \
+            openssl:openssl nsenter:util-linux iptables:iptables; do
     cmd=${spec%%:*}; pkg=${spec#*:}
     command -v "$cmd" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "$cmd" >/dev/null 2>&1 \
         || need_pkgs+=("$pkg")
 done
 [ -e /usr/include/stdio.h ] || need_pkgs+=(libc6-dev)
+# the test cluster's pod network (tests/k8s): bridge + host-local
+[ -x /usr/lib/cni/bridge ] || need_pkgs+=(containernetworking-plugins)
 /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3 python3-venv)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "setup: installing ${need_pkgs[*]}" >&2

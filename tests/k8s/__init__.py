@@ -1,0 +1,1 @@
+"""A one-node Kubernetes for the suite (tests/k8s/cluster.py); see its docstring."""

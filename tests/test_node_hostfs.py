@@ -17,10 +17,17 @@ import pytest
 
 from nvshim.bundle import relocate
 from tests.debroot import bundle_dir
-from tests.node_util import Scratch, clean_env, start_node, wait_for
+from tests.node_util import Scratch, clean_env, reap_started, start_node, wait_for
 from tests.test_node_lifecycle import files_of, stop
 
 RUNTIME = "/usr/local/nvshim/bin/nvshim-runtime"
+
+
+@pytest.fixture(autouse=True)
+def _reap():
+    """An installer a failed test left running is killed."""
+    yield
+    reap_started()
 
 
 def private_run(argv: list[str], env: dict[str, str], binds: dict[str, str] | None = None):
@@ -208,17 +215,42 @@ def test_uninstall_leaves_a_pass_through_while_a_shim_names_the_runtime(tmp_path
         assert os.readlink(link) == "nvshim-versions/pass-through"
         assert sorted(os.listdir(scratch.path("/usr/local/nvshim-versions"))) == ["pass-through"]
         assert not scratch.path("/etc/nvshim/config.toml").exists()
-        # the shim's calls, as containerd's shim makes them (the host's /usr/local)
-        binds = {str(scratch.path("/usr/local")): "/usr/local"}
-        state = tmp_path / "runc-state"
-        listed = private_run([RUNTIME, "--root", str(state), "list"], {}, binds)
-        assert listed.returncode == 0 and listed.stdout.startswith("ID"), listed
-        gone = private_run([RUNTIME, "--root", str(state), "delete", "--force", "app-1"], {}, binds)
-        assert link.is_symlink(), gone.stderr  # another container: the sandbox still runs
-        gone = private_run(
-            [RUNTIME, "--root", str(state), "delete", "--force", "sandbox-1"], {}, binds
+        # the shim's calls (the caller's working directory its sandbox's bundle, the
+        # host's /usr/local); a runc stand-in that drops a container's state on delete
+        fake = tmp_path / "fakebin"
+        fake.mkdir()
+        calls = tmp_path / "runc-calls"
+        (fake / "runc").write_text(
+            "#!/bin/sh\n"
+            f'echo "$*" >> {calls}\n'
+            "for a; do :; done\n"
+            'case " $* " in *" delete "*) rm -rf "$2/$a" ;; esac\n'
         )
-        assert not os.path.lexists(link), gone.stderr
+        (fake / "runc").chmod(0o755)
+        state = tmp_path / "runc-state"
+        for name in ("sandbox-1", "app-1"):
+            (state / name).mkdir(parents=True)
+        app = tmp_path / "task/k8s.io/app-1"
+        app.mkdir()
+        (app / "runtime").write_text(RUNTIME)
+        binds = {str(scratch.path("/usr/local")): "/usr/local"}
+        path = {"PATH": f"{fake}:/usr/bin:/bin"}
+
+        def shim_call(*args: str):
+            argv = ["sh", "-c", 'cd "$0" && "$@"; exit $?', str(bundle), RUNTIME, *args]
+            return private_run(argv, path, binds)
+
+        listed = shim_call("--root", str(state), "state", "app-1")
+        assert listed.returncode == 0, listed.stderr
+        assert shim_call("--root", str(state), "delete", "--force", "app-1").returncode == 0
+        assert link.is_symlink()  # the sandbox is still ours and alive
+        assert shim_call("--root", str(state), "delete", "--force", "sandbox-1").returncode == 0
+        assert not os.path.lexists(link)
+        assert calls.read_text().splitlines() == [
+            f"--root {state} state app-1",
+            f"--root {state} delete --force app-1",
+            f"--root {state} delete --force sandbox-1",
+        ]
     finally:
         for shim in shims:
             shim.kill()

@@ -6,8 +6,11 @@ directory) and calls it for every exec, kill, state and delete until the contain
 gone. Removing ``nvshim-runtime`` would strand those containers (exec fails, delete hangs
 in Terminating), so the uninstall switches the prefix to a pass-through tree
 ``PREFIX-versions/pass-through`` holding one sh script at that path: it hands every call
-to the low-level runtime, and the delete of the last container whose shim names it
-removes the script, its tree and the prefix link. The next install replaces it.
+to the low-level runtime, and after a delete it looks at containerd's task directory
+(the calling shim's bundle's parent's parent): when no bundle there names this path
+while the runtime still keeps its state, it removes the script, its tree and the prefix
+link (of two last deletes at once, the later one always sees the other gone). The next
+install replaces it.
 """
 
 from __future__ import annotations
@@ -45,20 +48,28 @@ case " $* " in
 esac
 "$rt" "$@"
 rc=$?
-for id; do :; done
-for d in /proc/[0-9]*; do
-    case $(readlink "$d/exe" 2>/dev/null) in */{shim}*) ;; *) continue ;; esac
-    [ "$(cat "$d/cwd/runtime" 2>/dev/null)" = "$self" ] || continue
-    bundle=$(readlink "$d/cwd")
-    [ "${{bundle##*/}}" = "$id" ] && continue
-    exit $rc
+# Another container still ours? Its bundle (beside the calling shim's, in containerd's
+# task directory) names this path and the runtime still has its state.
+root=/run/runc
+prev=
+for arg; do
+    [ "$prev" = --root ] && root=$arg
+    case $arg in --root=*) root=${{arg#--root=}} ;; esac
+    prev=$arg
+done
+tasks=$(readlink "/proc/$PPID/cwd") || exit $rc
+tasks=${{tasks%/*}}
+tasks=${{tasks%/*}}
+[ -n "$tasks" ] || exit $rc
+for bundle in "$tasks"/*/*; do
+    [ "$(cat "$bundle/runtime" 2>/dev/null)" = "$self" ] || continue
+    [ -d "$root/${{bundle##*/}}" ] && exit $rc
 done
 [ "$(readlink "$link")" = "$target" ] && rm -f "$link"
 rm -rf "$tree"
 rmdir "${{tree%/*}}" 2>/dev/null
 exit $rc
 """
-
 
 def shim_users(runtime_path: str) -> list[str]:
     """Bundle directories of the running containerd shims started with ``runtime_path``
@@ -93,7 +104,6 @@ def script_text(s: NodeSettings, runtimes: list[str]) -> str:
         tree=shlex.quote(tree),
         runtimes=" ".join(quoted),
         runtimes_text=", ".join(runtimes).replace('"', ""),
-        shim=SHIM_PREFIX,
     )
 
 

@@ -318,10 +318,18 @@ def unconfigure_engine(s: NodeSettings, say: Say) -> bool:
     return report.changed
 
 
+LOG_DRAIN = 0.5  # seconds for the engine to copy the lines above into the pod log
+
+
 def restart_engine(s: NodeSettings, say: Say) -> None:
+    """The uninstall's engine restart. containerd copies a pod's output into its log
+    itself, so lines written just before it goes down are lost: the restart waits a
+    moment after saying it comes."""
     from nvshim.engines.restart import restart
 
     say(f"restarting {s.engine_name} ({s.engine.restart}) to drop the runtime")
+    if s.engine.restart != "none":
+        time.sleep(LOG_DRAIN)
     say(restart(s.engine))
 
 

@@ -71,6 +71,7 @@ rmdir "${{tree%/*}}" 2>/dev/null
 exit $rc
 """
 
+
 def shim_users(runtime_path: str) -> list[str]:
     """Bundle directories of the running containerd shims started with ``runtime_path``
     (every process this pid namespace shows: the installer runs with the host's)."""

@@ -73,6 +73,8 @@ def node_lock(
             os.unlink(path)
         os.close(fd)
         remove_empty_dirs(created)
+        with contextlib.suppress(OSError):  # an earlier installer's (uninstall emptied it)
+            os.rmdir(os.path.dirname(path))
 
 
 def install_files(s: NodeSettings) -> list[str]:

@@ -110,16 +110,19 @@ def settle_files(s: NodeSettings, say: Say, wait: float = 10.0) -> None:
     for path in leftover.settle(s, say):
         say(f"removed {path}")
     top = s.here(versions_dir(s.prefix))
+    link = s.here(s.prefix)
+    keep = os.path.basename(os.readlink(link)) if os.path.islink(link) else None
     deadline = time.monotonic() + wait
-    while os.path.isdir(top) and not os.path.lexists(s.here(s.prefix)):
-        for path in prune_versions(s.host_root, s.prefix):
+    while True:
+        for path in prune_versions(s.host_root, s.prefix, keep=keep):
             say(f"removed {path}")
-        if not os.path.isdir(top) or time.monotonic() > deadline:
-            break
+        others = sorted(set(os.listdir(top)) - {keep}) if os.path.isdir(top) else []
+        if not others:
+            return
+        if time.monotonic() > deadline:
+            say(f"warning: {top}: left {', '.join(others)}: a process still runs from it")
+            return
         time.sleep(0.2)
-    if os.path.isdir(top) and not os.path.lexists(s.here(s.prefix)):
-        left = ", ".join(sorted(os.listdir(top)))
-        say(f"warning: {top} left: a process still runs from {left}")
 
 
 def _remove_tree(top: str) -> None:

@@ -8,7 +8,8 @@
   ``nvshim-runtimed`` (as installed), and done in the client's process (no daemon);
   against runc creating the same container with no GPU, and against runc creating the
   bundle nvshim edited (its 21 mounts and 4 device nodes: runc's own work for the GPU,
-  which any injecting runtime adds), which leaves nvshim's own time;
+  which any injecting runtime adds), which leaves nvshim's own time; and with a
+  read-only root (``"root": {"readonly": true}``) against runc's read-only twins;
 - ``podman run --rm true`` with no GPU and with 1 GPU (podman 4, vfs storage, in a
   private mount namespace; both runtimes behind the same one-line sh wrapper, which
   podman needs to hand nvshim its config);
@@ -179,8 +180,12 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
     logs = os.path.join(work, "pod-logs")
     os.makedirs(logs, exist_ok=True)
 
-    def create_once(binary: str, n: str, edited: bool = False, call_env=env) -> float:
-        bundle = make_bundle(scratch, rootfs, ["/bin/true"], env=gpu, name=f"b-{n}")
+    def create_once(
+        binary: str, n: str, edited: bool = False, call_env=env, readonly: bool = False
+    ) -> float:
+        bundle = make_bundle(
+            scratch, rootfs, ["/bin/true"], env=gpu, name=f"b-{n}", readonly=readonly
+        )
         cid = f"bench-{os.getpid()}-{n}"
         if edited:
             edited_bundle(bundle, cid, alone)
@@ -194,6 +199,9 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
         our_create = create_once(runtime, f"n{i}")
         edited_create = create_once(RUNC, f"e{i}", edited=True)
         alone_create = create_once(runtime_alone, f"a{i}", call_env=alone)
+        bare_ro_create = create_once(RUNC, f"q{i}", readonly=True)
+        ro_create = create_once(runtime, f"o{i}", readonly=True)
+        edited_ro_create = create_once(RUNC, f"p{i}", edited=True, readonly=True)
         bare_pod = timed([*podman["runc"], *run_opts, "/bin/true"], env)
         our_pod = timed([*podman["nvshim"], *run_opts, "/bin/true"], env)
         gpu_pod = timed([*podman["nvshim"], *run_opts[:2], "-e", "NVIDIA_VISIBLE_DEVICES=0",
@@ -209,6 +217,8 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
         pairs.add("create, 1 GPU (runc: no GPU)", bare_create, our_create)
         pairs.add("create, 1 GPU (runc: same edits)", edited_create, our_create)
         pairs.add("create, 1 GPU, no daemon", bare_create, alone_create)
+        pairs.add("create, 1 GPU, read-only root", bare_ro_create, ro_create)
+        pairs.add("create, 1 GPU, read-only (same edits)", edited_ro_create, ro_create)
         pairs.add("podman run --rm true, no GPU", bare_pod, our_pod)
         pairs.add("podman run --rm true, 1 GPU", bare_pod, gpu_pod)
         pairs.add("CRI pod + container, no GPU", bare_cri, our_cri)

@@ -6,10 +6,12 @@ import, which pulls in ``re`` and ``enum``: about 6 ms per process).
 ``json.dumps(obj, separators=(",", ":"))``; errors are the same ``ValueError``s. Where
 the interpreter has no ``_json`` accelerator, the ``json`` module is used instead.
 
-Measured 2026-11-23 by ``bench/stand_ins.py`` (a 1-GPU ``create`` through
-nvshim-runtime against the same runtime on ``json``, interleaved, 12 rounds on the
-2-core VM, yardstick ``python3 -IS -c pass`` 9.1 ms): 60.2 ms against 68.7 ms, +9.5 ms
-median paired difference. Kept: it saves far more than 1 ms per GPU create.
+Measured 2026-11-25 by ``bench/stand_ins.py`` (a 1-GPU ``create`` through
+nvshim-runtime in its own process, no nvshim-runtimed, against the same runtime on
+``json``, interleaved, two runs of 30 rounds on the 2-core VM, yardstick ``python3 -IS
+-c pass`` 7.5 ms): 49.4 and 51.0 ms against 55.8 and 56.2 ms, +5.4 and +4.9 ms median
+paired difference. nvshim-runtimed keeps its imports warm, but every create it does not
+serve (none running, a decline) pays this. Kept: it saves more than 1 ms per GPU create.
 """
 
 from __future__ import annotations

@@ -7,10 +7,13 @@ importing ``dataclasses`` pulls in ``inspect``, ``re`` and ``enum`` (about 9 ms,
 of the time budget a GPU container may add). Here ``__init__`` is generated once per
 class, as ``dataclasses`` does, so building a record costs the same.
 
-Measured 2026-11-23 by ``bench/stand_ins.py`` (a 1-GPU ``create`` through
-nvshim-runtime against the same runtime built on ``dataclasses``, interleaved, 12 rounds
-on the 2-core VM, yardstick ``python3 -IS -c pass`` 9.1 ms): 60.2 ms against 92.3 ms,
-+31.9 ms median paired difference. Kept: it saves far more than 1 ms per GPU create.
+Measured 2026-11-25 by ``bench/stand_ins.py`` (a 1-GPU ``create`` through
+nvshim-runtime in its own process, no nvshim-runtimed, against the same runtime built on
+``dataclasses``, interleaved, two runs of 30 rounds on the 2-core VM, yardstick
+``python3 -IS -c pass`` 7.5 ms): 49.4 and 51.0 ms against 71.4 and 64.5 ms, +21.1 and
++16.1 ms median paired difference. nvshim-runtimed keeps its imports warm, but every
+create it does not serve (none running, a decline) pays this. Kept: it saves far more
+than 1 ms per GPU create.
 """
 
 from __future__ import annotations

@@ -238,9 +238,10 @@ class CriClient:
         annotations: dict[str, str] | None = None,
         timeout: float = 30.0,
         poll: float = 0.05,
+        read_only: bool = False,
     ) -> ContainerResult:
         """Create, start and wait for a container in ``pod`` (its state read every ``poll``
-        seconds); return its result and log."""
+        seconds; ``read_only``: ``readOnlyRootFilesystem``); return its result and log."""
         api = self.api
         pod_id, pod_config = pod
         log_name = f"{name}.log"
@@ -252,6 +253,8 @@ class CriClient:
             annotations=dict(annotations or {}),
             log_path=log_name,
         )
+        if read_only:
+            config.linux.security_context.readonly_rootfs = True
         created = self.runtime.CreateContainer(
             api.CreateContainerRequest(
                 pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config
@@ -351,3 +354,22 @@ def configure_containerd(config: str | os.PathLike, runtime_path: str, *extra: s
         env={"NVSHIM_CONTAINERD_VERSION": "1.6.20"},
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def nvshim_containerd(
+    tmp_path: Path, rootfs: str, image: str, runtime_path: str
+) -> tuple[Path, str, Path]:
+    """For a private containerd 1.6 running ``image`` (made of ``rootfs``) on an
+    ``nvshim`` handler whose binary is ``runtime_path``: (its config, the image archive
+    to import, with the sandbox image under ``<image>-pause``, a pod log directory)."""
+    from tests.engines.corpus_cases import CORPUS
+
+    pause = f"{image}-pause"
+    archive = image_archive(rootfs, tmp_path / "image.tar", [image, pause])
+    config = tmp_path / "containerd.toml"
+    v16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
+    config.write_text(cri_ready_config(v16, tmp_path / "scratch", pause))
+    configure_containerd(config, runtime_path)
+    logs = tmp_path / "pod-logs"
+    logs.mkdir()
+    return config, archive, logs

@@ -2,8 +2,9 @@
 
 ``make_bundle`` starts from what ``runc spec`` generates (so the config is the one runc
 itself considers standard) and adjusts it for a test host: no terminal, a writable
-root, rlimits at or below the current hard limits (CAP_SYS_RESOURCE is missing), and
-the given process, env, annotations, mounts, hooks and capabilities.
+root (unless asked otherwise), rlimits at or below the current hard limits
+(CAP_SYS_RESOURCE is missing), and the given process, env, annotations, mounts, hooks
+and capabilities.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def make_bundle(
     capabilities: list[str] | None = None,
     *,
     name: str = "bundle",
+    readonly: bool = False,
 ) -> str:
     """Write ``<tmp_path>/<name>/config.json`` for ``rootfs``; return the bundle dir.
 
@@ -76,11 +78,12 @@ def make_bundle(
     mount objects appended to runc's defaults. ``hooks``: a ``{stage: [hook, ...]}``
     mapping or a list of ``nvshim.edits.Hook``; a hook is an OCI hook object or a
     ``Hook``. ``capabilities``: the capability set to use for every set (default: runc's).
+    ``readonly``: the root is read-only (``"root": {"readonly": true}``).
     """
     spec = runc_spec()
     bundle = os.path.join(os.fspath(tmp_path), name)
     os.makedirs(bundle, exist_ok=True)
-    spec["root"] = {"path": os.path.abspath(rootfs), "readonly": False}
+    spec["root"] = {"path": os.path.abspath(rootfs), "readonly": readonly}
     process = spec["process"]
     process["terminal"] = False
     process["args"] = list(args)

@@ -424,22 +424,15 @@ def test_containerd_shim_calls_are_served(creates, tmp_path, monkeypatch):
     """The k8s path: containerd's shim calls nvshim-runtime for a pod's sandbox and its
     GPU container; with the daemon in containerd's mount namespace (here a private one,
     on a node the host's) the GPU create is served and the container gets its GPU."""
-    from tests.cri_util import configure_containerd, cri_ready_config, cri_session, image_archive
+    from tests.cri_util import cri_session, nvshim_containerd
     from tests.engines.containerd_instance import private_containerd
-    from tests.engines.corpus_cases import CORPUS
 
-    image, pause = "nvshim.test/busybox:cri", "nvshim.test/pause:cri"
+    image = "nvshim.test/busybox:cri"
     monkeypatch.setenv("NVSHIM_CONFIG", creates.config)  # containerd -> shim -> runtime
     monkeypatch.setenv("NVSHIM_CACHE_DIR", creates.cache_dir)
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     os.symlink("busybox", os.path.join(rootfs, "bin", "sleep"))
-    archive = image_archive(rootfs, tmp_path / "image.tar", [image, pause])
-    config = tmp_path / "containerd.toml"
-    v16 = (CORPUS / "containerd-1.6-default" / "input" / "config.toml").read_text()
-    config.write_text(cri_ready_config(v16, tmp_path / "scratch", pause))
-    configure_containerd(config, creates.runtime)
-    logs = tmp_path / "pod-logs"
-    logs.mkdir()
+    config, archive, logs = nvshim_containerd(tmp_path, rootfs, image, creates.runtime)
     log = tmp_path / "nvshim-runtimed.log"
     with private_containerd(tmp_path, config) as ctd:
         ns = ("nsenter", f"--mount=/proc/{ctd.pid}/ns/mnt")

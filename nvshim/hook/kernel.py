@@ -50,9 +50,13 @@ MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
 MS_REMOUNT = 0x20
+MS_NOATIME = 0x400
+MS_NODIRATIME = 0x800
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
 MNT_DETACH = 0x2
 UMOUNT_NOFOLLOW = 0x8
 
@@ -159,9 +163,10 @@ def move_mount(from_fd: int, to_fd: int) -> None:
     _check(result, "move_mount")
 
 
-def mount_setattr(fd: int, attr_set: int) -> None:
-    """Set MOUNT_ATTR_* flags on the mount ``fd`` refers to (kernel 5.12+)."""
-    attr = _MountAttr(attr_set, 0, 0, 0)
+def mount_setattr(fd: int, attr_set: int, attr_clr: int = 0) -> None:
+    """Set (``attr_set``) and clear (``attr_clr``) MOUNT_ATTR_* flags on the mount whose
+    root ``fd`` refers to (kernel 5.12+)."""
+    attr = _MountAttr(attr_set, attr_clr, 0, 0)
     result = _syscall(
         SYS_MOUNT_SETATTR,
         ctypes.c_int(fd),

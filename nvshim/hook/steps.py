@@ -5,7 +5,9 @@ itself once runc has created the container.
 Each step has a host half, run first in the caller's namespace (open the host's
 ldconfig, read the host's params file and make its private copy), and a container half
 run on the container root. Nothing in a container half reads a host path: after
-``pivot_root`` the host's files and its ``/proc`` are out of reach.
+``pivot_root`` the host's files and its ``/proc`` are out of reach. A read-only root
+(runc remounts it so at the end of ``create``) is writable only while the container
+halves run (``nvshim.hook.rwroot``).
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ def prepare_steps(steps: list[HookArgs], ctx: Context) -> None:
     may be out of reach inside). Idempotent: ``run_steps`` calls it too; nvshim-runtime
     calls it early, while runc creates the container."""
     import nvshim.hook.fsroot
-    import nvshim.hook.namespace  # noqa: F401 - imported here, used by run_steps
+    import nvshim.hook.namespace
+    import nvshim.hook.rwroot  # noqa: F401 - imported here, used by run_steps
 
     for step in steps:
         module, host_half, _ = STEPS[step.command]
@@ -131,6 +134,7 @@ def run_steps(
     """
     from nvshim.hook.fsroot import RootFS
     from nvshim.hook.namespace import in_mount_ns, same_mount_ns
+    from nvshim.hook.rwroot import while_writable
 
     prepare_steps(steps, ctx)
     expected = None
@@ -154,12 +158,15 @@ def run_steps(
                 st = os.fstat(root.fd)
                 if (st.st_dev, st.st_ino) != expected:
                     raise NvshimError(f"{rootfs}: the namespace's root is not the container's")
-            fields: dict = {}
-            if before is not None:
-                fields.update(before(root))
-            for step in steps:
-                fields.update(STEPS[step.command][2](root, step, ctx))
-            return fields
+            return while_writable(root.fd, root.path, rootfs, lambda: each(root))
+
+    def each(root: RootFS) -> dict:
+        fields: dict = {}
+        if before is not None:
+            fields.update(before(root))
+        for step in steps:
+            fields.update(STEPS[step.command][2](root, step, ctx))
+        return fields
 
     return in_mount_ns(pid, work)
 

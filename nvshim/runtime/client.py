@@ -181,7 +181,7 @@ def _lost(why: str, cleanup: list[bytes]) -> int:
     """The daemon went away mid-call: delete what was created, fail with one line."""
     message = f"{TOOL}: error: nvshim-runtimed stopped answering ({why})"
     if cleanup:
-        from nvshim.runtime.finish import spawn_quiet  # rare: the imports are affordable
+        from nvshim.runtime.lowlevel import spawn_quiet  # rare: the imports are affordable
 
         try:
             spawn_quiet(cleanup[0], cleanup[1:])

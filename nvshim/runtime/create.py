@@ -9,6 +9,12 @@ from nvshim.config import Config, load_config
 from nvshim.errors import NvshimError
 from nvshim.log import log_decision
 from nvshim.oci.bundle import load_spec
+from nvshim.record import replace
+
+TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
+if TYPE_CHECKING:
+    from nvshim.edits import ContainerEdits
+    from nvshim.hook.args import HookArgs
 
 TOOL = "nvshim-runtime"
 
@@ -35,6 +41,20 @@ def mark_prepared(container_id: str, prepared: bool = True) -> None:
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
     except OSError as err:
         raise NvshimError(f"{directory}: cannot write the exec marker: {err.strerror}") from None
+
+
+def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArgs]]:
+    """``edits`` without nvshim-hook's finishing-step entries, and those steps parsed."""
+    from nvshim.hook import is_finisher
+
+    ours = [h for h in edits.hooks if is_finisher(h.args)]
+    if not ours:
+        return edits, []
+    from nvshim.hook.steps import finishing_steps
+
+    steps, _ = finishing_steps(ours)
+    rest = [h for h in edits.hooks if h not in ours]
+    return replace(edits, hooks=rest), steps
 
 
 class Prepared:
@@ -82,7 +102,6 @@ def prepare_bundle(bundle: str, container_id: str, finish_here: bool = False) ->
     edits, steps, rootfs = selection.edits, [], ""
     if finish_here:
         from nvshim.hook.state import rootfs_path
-        from nvshim.runtime.finish import split_finishers
 
         edits, steps = split_finishers(edits)
         rootfs = rootfs_path(spec, bundle) if steps else ""

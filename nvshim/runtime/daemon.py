@@ -46,7 +46,8 @@ from nvshim.errors import NvshimError, one_line
 from nvshim.fsutil import file_identity
 from nvshim.record import field, record
 from nvshim.runtime import DAEMON_SOCKET, wire
-from nvshim.runtime.main import LowLevel, run
+from nvshim.runtime.lowlevel import LowLevel
+from nvshim.runtime.main import run
 from nvshim.runtime.slots import (
     ACCEPTED,
     DECLINED,

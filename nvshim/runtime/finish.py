@@ -4,9 +4,10 @@ For ``create`` the steps a ``createContainer`` hook would run (symlinks, ld cach
 params) are kept out of ``config.json``: the runtime has runc create the container,
 then runs them in the container's mount namespace (``nvshim.hook.steps``: the hook's
 code, with the same fd-based safety) before it returns, while the container's process
-waits for ``start``. One interpreter per GPU create instead of two. A failed step
-deletes the container and fails the create, as a failed hook would. ``run`` keeps the
-hook: it starts the process at once.
+waits for ``start``; a read-only root is made writable for them and read-only again
+before the create returns (``nvshim.hook.rwroot``). One interpreter per GPU create
+instead of two. A failed step deletes the container and fails the create, as a failed
+hook would. ``run`` keeps the hook: it starts the process at once.
 """
 
 from __future__ import annotations
@@ -14,66 +15,16 @@ from __future__ import annotations
 import os
 
 from nvshim.errors import NvshimError, one_line
-from nvshim.record import replace
+from nvshim.runtime.lowlevel import spawn, spawn_quiet
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:
-    from nvshim.edits import ContainerEdits
-    from nvshim.hook.args import HookArgs
     from nvshim.runtime.args import RuncArgs
     from nvshim.runtime.create import Prepared
-    from nvshim.runtime.main import LowLevel
+    from nvshim.runtime.lowlevel import LowLevel
 
 TOOL = "nvshim-runtime"
 MAX_STATE_BYTES = 1 << 20
-
-
-def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArgs]]:
-    """``edits`` without nvshim-hook's finishing-step entries, and those steps parsed."""
-    from nvshim.hook import is_finisher
-
-    ours = [h for h in edits.hooks if is_finisher(h.args)]
-    if not ours:
-        return edits, []
-    from nvshim.hook.steps import finishing_steps
-
-    steps, _ = finishing_steps(ours)
-    rest = [h for h in edits.hooks if h not in ours]
-    return replace(edits, hooks=rest), steps
-
-
-def start(
-    runtime: str, argv: list[str], stdout: int | None = None, stderr: int | None = None
-) -> int:
-    """Start the low-level runtime with ``argv`` (this process's stdio and environment,
-    as the exec it replaces would have; ``stdout``/``stderr``: other fds); its pid."""
-    actions = [
-        (os.POSIX_SPAWN_DUP2, fd, n) for n, fd in ((1, stdout), (2, stderr)) if fd is not None
-    ]
-    return os.posix_spawn(runtime, [runtime, *argv], os.environ, file_actions=actions)
-
-
-def wait(pid: int) -> int:
-    """The exit status of child ``pid`` (128+N: killed by signal N)."""
-    from nvshim.runtime import exit_status
-
-    return exit_status(os.waitpid(pid, 0)[1])
-
-
-def spawn(
-    runtime: str, argv: list[str], stdout: int | None = None, stderr: int | None = None
-) -> int:
-    """Run the low-level runtime with ``argv`` and return its exit status."""
-    return wait(start(runtime, argv, stdout, stderr))
-
-
-def spawn_quiet(runtime: str, argv: list[str]) -> int:
-    """Run the low-level runtime with ``argv``, its output thrown away; its exit status."""
-    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        return spawn(runtime, argv, stdout=null, stderr=null)
-    finally:
-        os.close(null)
 
 
 def container_pid(runtime: str, args: RuncArgs, argv: list[str]) -> int:

@@ -1,5 +1,6 @@
-"""Which low-level runtime to exec: the first of the configured ``runtimes`` found
-(absolute, or on ``PATH``). Pass-through calls reach this only when the sh front's cache
+"""The low-level runtime: which one (the first of the configured ``runtimes`` found,
+absolute or on ``PATH``) and how this process runs it (``LowLevel``: exec'd, or started
+and waited for). Pass-through calls reach the look-up only when the sh front's cache
 (``nvshim.runtime.passthrough``) misses; every call that does refreshes that cache.
 """
 
@@ -35,20 +36,54 @@ def runtime_for(config) -> str:
     return runtime
 
 
-def resolve(config=None) -> str:
-    """The low-level runtime for a call that reached Python (``config``: the one loaded
-    for it, else loaded here). On the way the sh front's cache is brought up to date
-    (``nvshim.runtime.passthrough``): after one create through Python, the front
-    decides alone whether the next one may ask for a GPU."""
-    from nvshim.runtime.passthrough import resolve_and_remember
+def start(
+    runtime: str, argv: list[str], stdout: int | None = None, stderr: int | None = None
+) -> int:
+    """Start the low-level runtime with ``argv`` (this process's stdio and environment,
+    as the exec it replaces would have; ``stdout``/``stderr``: other fds); its pid."""
+    actions = [
+        (os.POSIX_SPAWN_DUP2, fd, n) for n, fd in ((1, stdout), (2, stderr)) if fd is not None
+    ]
+    return os.posix_spawn(runtime, [runtime, *argv], os.environ, file_actions=actions)
 
-    if config is None:
-        return resolve_and_remember()
-    runtime = runtime_for(config)
-    from nvshim.errors import NvshimError
 
-    try:  # reads the configuration again, after noting its identity (a cheap cache hit)
-        resolve_and_remember()
-    except NvshimError:
-        pass
-    return runtime
+def wait(pid: int) -> int:
+    """The exit status of child ``pid`` (128+N: killed by signal N)."""
+    from nvshim.runtime import exit_status
+
+    return exit_status(os.waitpid(pid, 0)[1])
+
+
+def spawn(
+    runtime: str, argv: list[str], stdout: int | None = None, stderr: int | None = None
+) -> int:
+    """Run the low-level runtime with ``argv`` and return its exit status."""
+    return wait(start(runtime, argv, stdout, stderr))
+
+
+def spawn_quiet(runtime: str, argv: list[str]) -> int:
+    """Run the low-level runtime with ``argv``, its output thrown away; its exit status."""
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        return spawn(runtime, argv, stdout=null, stderr=null)
+    finally:
+        os.close(null)
+
+
+class LowLevel:
+    """The low-level runtime, run by this process: exec'd for a call nvshim is done
+    with, or started and waited for when a create has finishing steps. The daemon's
+    stand-ins (``nvshim.runtime.daemon``, ``nvshim.runtime.slots``) have their caller do
+    both."""
+
+    def exec(self, runtime: str, argv: list[str], keep: list[int] = ()) -> int | None:
+        """Exec ``runtime argv``; ``keep``: inheritable fds argv names (here already)."""
+        os.execv(runtime, [runtime, *argv])
+        return 127  # not reached
+
+    def start(self, runtime: str, argv: list[str], cleanup: list[str]) -> None:
+        """Start ``runtime argv``; ``cleanup``: its argv that undoes a successful create."""
+        self.pid = start(runtime, argv)
+
+    def wait(self) -> int:
+        return wait(self.pid)

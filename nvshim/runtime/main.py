@@ -18,6 +18,10 @@ from nvshim import __version__
 
 TOOL = "nvshim-runtime"
 
+TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
+if TYPE_CHECKING:
+    from nvshim.runtime.lowlevel import LowLevel
+
 
 def _report(args, message: str) -> None:
     """An error the engine will show: stderr, and runc's JSON log when one is configured."""
@@ -40,28 +44,6 @@ def _report(args, message: str) -> None:
             pass
 
 
-class LowLevel:
-    """The low-level runtime, run by this process: exec'd for a call nvshim is done
-    with, or started and waited for when a create has finishing steps. The daemon's
-    stand-in (``nvshim.runtime.daemon``) has its client do both."""
-
-    def exec(self, runtime: str, argv: list[str], keep: list[int] = ()) -> int | None:
-        """Exec ``runtime argv``; ``keep``: inheritable fds argv names (here already)."""
-        os.execv(runtime, [runtime, *argv])
-        return 127  # not reached
-
-    def start(self, runtime: str, argv: list[str], cleanup: list[str]) -> None:
-        """Start ``runtime argv``; ``cleanup``: its argv that undoes a successful create."""
-        from nvshim.runtime.finish import start
-
-        self.pid = start(runtime, argv)
-
-    def wait(self) -> int:
-        from nvshim.runtime.finish import wait
-
-        return wait(self.pid)
-
-
 def run(argv: list[str], lowlevel: LowLevel) -> int | None:
     """Do the call ``argv`` (runc's command line), starting the low-level runtime through
     ``lowlevel``; the exit status, or what ``lowlevel.exec`` returns."""
@@ -72,7 +54,7 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
         args = parse_runc_args(argv)
         if args.action in ("create", "run"):
             from nvshim.runtime.create import prepare_bundle
-            from nvshim.runtime.lowlevel import resolve
+            from nvshim.runtime.passthrough import resolve
 
             bundle = args.bundle or os.getcwd()
             prepared = prepare_bundle(bundle, args.container_id, args.action == "create")
@@ -103,4 +85,6 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
 
 def main(argv: list[str] | None = None) -> int | None:
     """The call in this process (no daemon, or ``nvshim-runtimed`` declined it)."""
+    from nvshim.runtime.lowlevel import LowLevel
+
     return run(list(sys.argv[1:] if argv is None else argv), LowLevel())

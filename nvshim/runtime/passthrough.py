@@ -116,3 +116,22 @@ def resolve_and_remember() -> str:
         except OSError:
             pass
     return runtime
+
+
+def resolve(config=None) -> str:
+    """The low-level runtime for a call that reached Python (``config``: the one loaded
+    for it, else loaded here). On the way the sh front's cache is brought up to date:
+    after one create through Python, the front decides alone whether the next one may
+    ask for a GPU."""
+    if config is None:
+        return resolve_and_remember()
+    from nvshim.runtime.lowlevel import runtime_for
+
+    runtime = runtime_for(config)
+    from nvshim.errors import NvshimError
+
+    try:  # reads the configuration again, after noting its identity (a cheap cache hit)
+        resolve_and_remember()
+    except NvshimError:
+        pass
+    return runtime

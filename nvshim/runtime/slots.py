@@ -39,7 +39,7 @@ import time
 
 from nvshim.errors import NvshimError
 from nvshim.fsutil import file_identity
-from nvshim.runtime.main import LowLevel
+from nvshim.runtime.lowlevel import LowLevel
 
 SLOTS = 128
 REPLY_FD = 5  # where the front holds K.r while it talks (checked by the worker)

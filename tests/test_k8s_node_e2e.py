@@ -279,9 +279,7 @@ def test_init_container_and_two_gpu_containers(node):
 def test_read_only_root_gpu_pod(node):
     ro = {"securityContext": {"readOnlyRootFilesystem": True}}
     node.pod("ro", [container("main", resource="nvidia.com/gpu", **ro)])
-    phase = node.done("ro")
-    if phase != "Succeeded":
-        pytest.xfail(f"read-only roots under a kubelet need branch ro-runtime: {node.events('ro')}")
+    assert node.done("ro") == "Succeeded", node.events("ro")
     nodes, cvd = node.view(node.logs("ro"))
     assert cvd in node.gpus and nodes == {node.gpu_node(cvd)}
 

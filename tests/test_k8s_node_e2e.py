@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from tests.conftest import REPO
 from tests.fake_device_plugin import Plugin
 from tests.k8s import artifacts
 from tests.k8s.cluster import CONTAINERD_CONFIG, DRIVER_ROOT, NODE_NAME
+from tests.test_node_lifecycle import SHARING
 
 KUBE = os.path.join(REPO, "packaging", "kubernetes")
 UBUNTU = "docker.io/library/ubuntu:24.04"  # the examples' image: busybox, retagged
@@ -316,6 +318,72 @@ def test_exporter_scraped_at_its_pod_ip(node):
     assert any('decision="' in labels and int(n) > 0 for labels, n in decided), metrics[-2000:]
 
 
+def _sharing_configmap(node) -> str:
+    ds = node.k8s.get("daemonset", "-n", "nvshim", "nvshim-node")
+    volumes = ds["spec"]["template"]["spec"]["volumes"]
+    return next(v["configMap"]["name"] for v in volumes if v["name"] == "sharing-config")
+
+
+def _set_sharing(node, text: str) -> None:
+    name = _sharing_configmap(node)
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "nvshim"},
+        "data": {"sharing.yaml": text},
+    }
+    node.k8s.apply(body)
+    node.kubectl("-n", "nvshim", "rollout", "restart", "daemonset/nvshim-node")
+    node.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node",
+                 "--timeout=240s", timeout=300)  # fmt: skip
+
+
+def test_mps_from_the_sharing_configmap(node):
+    """An MPS sharing config in the nvshim-sharing ConfigMap: the installer runs a daemon
+    per shared GPU (the simulated host's control binary: tests/sim/fake_mps_control, run
+    by the image's own interpreter) and two pods on one GPU each get its daemon and their
+    share."""
+    from tests.sim import fake_mps_control
+
+    k8s = node.k8s
+    control = os.path.join(k8s.sim.driver_root, "usr/bin/nvidia-cuda-mps-control")
+    stand_in = open(control, "rb").read()
+    (text,) = fake_mps_control.extra_files().values()
+    with open(control, "w") as fh:  # the installer image's interpreter runs it
+        fh.write(text.replace("#!/usr/bin/python3", "#!/opt/nvshim/bin/python3", 1))
+    original = k8s.get("configmap", "-n", "nvshim", _sharing_configmap(node))["data"]
+    try:
+        _set_sharing(node, SHARING)  # 4 replicas of every GPU
+        gpu0 = k8s.sim.topology["gpus"][0]["uuid"]
+        pid_file = k8s.path(f"/run/nvshim/mps/{gpu0}/pipe/nvidia-cuda-mps-control.pid")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(pid_file):
+            assert time.monotonic() < deadline, node.kubectl(
+                "-n", "nvshim", "logs", "daemonset/nvshim-node", "-c", "nvshim-node"
+            ).stdout
+            time.sleep(0.3)
+        show = "env | grep ^CUDA_ | sort; ls /dev"
+        mounts = []
+        for n in range(2):
+            mount = {"name": "gpu", "mountPath": f"/var/run/nvidia-container-devices/{gpu0}::{n}",
+                     "readOnly": True}  # fmt: skip
+            volumes = [{"name": "gpu", "hostPath": {"path": "/dev/null", "type": "CharDevice"}}]
+            node.pod(f"mps-{n}", [container("main", show, volumeMounts=[mount])],
+                     volumes=volumes)  # fmt: skip
+            mounts.append(mount)
+        for n in range(2):
+            assert node.done(f"mps-{n}") == "Succeeded", node.events(f"mps-{n}")
+            out = node.logs(f"mps-{n}")
+            assert f"CUDA_VISIBLE_DEVICES={gpu0}" in out, out
+            assert "CUDA_MPS_PIPE_DIRECTORY=" in out, out
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in out, out
+    finally:
+        _set_sharing(node, original["sharing.yaml"])
+        with open(control, "wb") as fh:
+            fh.write(stand_in)
+    assert not os.path.exists(pid_file)  # the daemons went with the MPS config
+
+
 def test_rolling_update_to_a_second_tag_with_a_gpu_pod_running(node):
     k8s = node.k8s
     k8s.import_node_image(TAG2)
@@ -420,3 +488,83 @@ def test_delete_k_restores_and_leaves_running_pods_manageable(node):
     left = {p: os.listdir(k8s.path(p)) if os.path.isdir(k8s.path(p)) else "file"
             for p in paths if os.path.lexists(k8s.path(p))}  # fmt: skip
     assert left == {}
+
+
+NVIDIA_RUNTIME = """\
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+          runtime_type = "io.containerd.runc.v2"
+          [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+            BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+            SystemdCgroup = false
+
+"""
+AKS_LABELS = {"kubernetes.azure.com/accelerator": "nvidia", "accelerator": "nvidia"}
+
+
+def test_aks_node_shape_takes_the_default_and_gives_it_back(node, tmp_path):
+    """An AKS GPU node: its labels and sku=gpu taint, NVIDIA's runtime the containerd
+    default, the managed device plugin asking by env in pods that name no runtime class.
+    The aks overlay lands there, nvshim takes the default (NVIDIA's entry stays), such a
+    pod gets exactly its GPU, and delete -k gives the node's config back byte for byte."""
+    k8s = node.k8s
+    config = k8s.path(CONTAINERD_CONFIG)
+    first = open(config).read()
+    marker = '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes]\n'
+    assert marker in first and 'default_runtime_name = "runc"' in first
+    shaped = first.replace(marker, marker + "\n" + NVIDIA_RUNTIME, 1)
+    shaped = shaped.replace('default_runtime_name = "runc"', 'default_runtime_name = "nvidia"')
+    toolkit = k8s.path("/usr/local/nvidia/toolkit")
+    os.makedirs(toolkit)
+    with open(os.path.join(toolkit, "nvidia-container-runtime"), "w") as fh:
+        fh.write('#!/bin/sh\nexec runc "$@"\n')  # stands in for NVIDIA's runtime
+    os.chmod(os.path.join(toolkit, "nvidia-container-runtime"), 0o755)
+    overlay = tmp_path / "aks-test"
+    overlay.mkdir()
+    base = os.path.relpath(os.path.join(KUBE, "overlays", "aks"), overlay)
+    (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=base))
+    (overlay / "environment.yaml").write_text(ENVIRONMENT)
+    labels = [f"{k}={v}" for k, v in AKS_LABELS.items()]
+    try:
+        with open(config, "w") as fh:
+            fh.write(shaped)
+        k8s.restart_containerd()
+        k8s.kubectl("label", "node", NODE_NAME, *labels, "--overwrite")
+        k8s.kubectl("taint", "node", NODE_NAME, "sku=gpu:NoSchedule", "--overwrite")
+        k8s.kubectl("apply", "-k", str(overlay))
+        k8s.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node",
+                    "--timeout=180s", timeout=240)  # fmt: skip
+        now = open(config).read()
+        assert 'default_runtime_name = "nvshim"' in now
+        assert 'BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime"' in now
+        # the managed plugin's form: NVIDIA_VISIBLE_DEVICES, no runtime class
+        k8s.wait_containerd()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "aks-gpu", "namespace": node.ns},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "tolerations": [
+                    {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+                ],
+                "containers": [container("main", resource="nvshim.test/gpu-env")],
+            },
+        }
+        k8s.apply(body)
+        assert node.done("aks-gpu") == "Succeeded", node.events("aks-gpu")
+        (got,) = node.plugins["nvshim.test/gpu-env"].allocated[-1:]
+        nodes, cvd = node.view(node.logs("aks-gpu"))
+        assert cvd == got[0] and nodes == {node.gpu_node(got[0])}
+        k8s.kubectl("delete", "pod", "-n", node.ns, "aks-gpu", "--wait=true")
+        k8s.kubectl("delete", "-k", str(overlay), "--wait=true", timeout=400)
+        assert open(config).read() == shaped
+    finally:
+        k8s.kubectl("delete", "-k", str(overlay), "--ignore-not-found", "--wait=true",
+                    check=False, timeout=400)  # fmt: skip
+        k8s.kubectl("taint", "node", NODE_NAME, "sku=gpu:NoSchedule-", check=False)
+        k8s.kubectl("label", "node", NODE_NAME, *[f"{k}-" for k in AKS_LABELS], check=False)
+        with open(config, "w") as fh:
+            fh.write(first)
+        k8s.restart_containerd()
+        shutil.rmtree(k8s.path("/usr/local/nvidia"), ignore_errors=True)

@@ -399,8 +399,9 @@ def test_rolling_update_to_a_second_tag_with_a_gpu_pod_running(node):
     pod = k8s.get("pod", "-n", node.ns, "long-1")
     assert pod["status"]["phase"] == "Running"
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
-    nodes, cvd = exec_view(node, "long-1")
-    assert cvd in node.gpus
+    out = node.kubectl("exec", "-n", node.ns, "long-1", "--", "sh", "-c", SHOW).stdout
+    nodes, cvd = node.view(out)
+    assert cvd in node.gpus, out
     node.pod("after-update", [container("main", resource="nvidia.com/gpu")])
     assert node.done("after-update") == "Succeeded", node.events("after-update")
     assert node.view(node.logs("after-update"))[1] in node.gpus

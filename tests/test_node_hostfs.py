@@ -36,7 +36,7 @@ def private_run(argv: list[str], env: dict[str, str], binds: dict[str, str] | No
     ``binds`` (scratch dir -> path) mounted."""
     script = "mount -t tmpfs nvshim-test /run"
     for source, target in (binds or {}).items():
-        script += f" && mount --bind {source} {target}"
+        script += f" && mkdir -p {target} && mount --bind {source} {target}"
     script += ' && exec "$@"'
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv],
@@ -207,9 +207,13 @@ def test_uninstall_leaves_a_pass_through_while_a_shim_names_the_runtime(tmp_path
     shims = [subprocess.Popen([shim_bin, "120"], cwd=d) for d in (bundle, other)]
     try:
         wait_for(lambda: all(os.readlink(f"/proc/{s.pid}/exe") == str(shim_bin) for s in shims))
+        markers = scratch.path("/run/nvshim/exec")
+        markers.mkdir(parents=True)
+        (markers / "sandbox-1").touch()  # what nvshim-runtime's create left
         done = nvshim_node("uninstall", env=env)
         assert done.returncode == 0, done.stderr
         assert "1 container(s) still run through nvshim (sandbox-1)" in done.stderr
+        assert (markers / "sandbox-1").exists()  # a reinstall must still enforce its execs
         assert scratch.config.read_bytes() == scratch.original
         link = scratch.path("/usr/local/nvshim")
         assert os.readlink(link) == "nvshim-versions/pass-through"
@@ -234,6 +238,7 @@ def test_uninstall_leaves_a_pass_through_while_a_shim_names_the_runtime(tmp_path
         app.mkdir()
         (app / "runtime").write_text(RUNTIME)
         binds = {str(scratch.path("/usr/local")): "/usr/local"}
+        binds[str(scratch.path("/run/nvshim"))] = "/run/nvshim"
         path = {"PATH": f"{fake}:/usr/bin:/bin"}
 
         def shim_call(*args: str):
@@ -246,6 +251,7 @@ def test_uninstall_leaves_a_pass_through_while_a_shim_names_the_runtime(tmp_path
         assert link.is_symlink()  # the sandbox is still ours and alive
         assert shim_call("--root", str(state), "delete", "--force", "sandbox-1").returncode == 0
         assert not os.path.lexists(link)
+        assert not markers.exists()
         assert calls.read_text().splitlines() == [
             f"--root {state} state app-1",
             f"--root {state} delete --force app-1",

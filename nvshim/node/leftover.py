@@ -9,8 +9,8 @@ in Terminating), so the uninstall switches the prefix to a pass-through tree
 to the low-level runtime, and after a delete it looks at containerd's task directory
 (the calling shim's bundle's parent's parent): when no bundle there names this path
 while the runtime still keeps its state, it removes the script, its tree and the prefix
-link (of two last deletes at once, the later one always sees the other gone). The next
-install replaces it.
+link, with the exec markers the uninstall kept for those containers (of two last
+deletes at once, the later one always sees the other gone). The next install replaces it.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ for bundle in "$tasks"/*/*; do
     [ -d "$root/${{bundle##*/}}" ] && exit $rc
 done
 [ "$(readlink "$link")" = "$target" ] && rm -f "$link"
-rm -rf "$tree"
-rmdir "${{tree%/*}}" 2>/dev/null
+rm -rf "$tree" {markers}
+rmdir "${{tree%/*}}" {cache} 2>/dev/null
 exit $rc
 """
 
@@ -95,6 +95,8 @@ def shim_users(runtime_path: str) -> list[str]:
 def script_text(s: NodeSettings, runtimes: list[str]) -> str:
     """The pass-through script for this install's paths (host paths)."""
     from nvshim.install import versions_dir
+    from nvshim.runtime import MARKER_DIR
+    from nvshim.trusted import DEFAULT_CACHE_DIR
 
     tree = os.path.join(versions_dir(s.prefix), TREE)
     quoted = [shlex.quote(r) for r in runtimes]
@@ -105,6 +107,8 @@ def script_text(s: NodeSettings, runtimes: list[str]) -> str:
         tree=shlex.quote(tree),
         runtimes=" ".join(quoted),
         runtimes_text=", ".join(runtimes).replace('"', ""),
+        markers=shlex.quote(os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR)),
+        cache=shlex.quote(DEFAULT_CACHE_DIR),
     )
 
 

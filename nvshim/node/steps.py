@@ -143,11 +143,17 @@ def _remove_tree(top: str) -> None:
 
 def clean_run_dirs(s: NodeSettings, say: Say) -> None:
     """Remove nvshim's caches on the host (the state and cache directory, ``/run/nvshim``
-    by default); the node lock file stays until the lock is released."""
+    by default); the node lock file stays until the lock is released. While containers
+    still run through nvshim their exec markers stay (an install coming back must still
+    enforce on their execs); the pass-through removes them with itself."""
+    from nvshim.node.leftover import shim_users
+    from nvshim.runtime import MARKER_DIR
     from nvshim.trusted import DEFAULT_CACHE_DIR
 
     state = str(host_side_config(s).get("runtime", "state-dir"))
-    lock = s.here(s.pid_file)
+    keep = {s.here(s.pid_file)}
+    if shim_users(s.runtime_path):
+        keep.add(s.here(os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR)))
     for host_dir in sorted({state, DEFAULT_CACHE_DIR}):
         top = s.here(host_dir)
         if not os.path.isdir(top) or os.path.islink(top):
@@ -155,7 +161,7 @@ def clean_run_dirs(s: NodeSettings, say: Say) -> None:
         gone = 0
         for name in os.listdir(top):
             path = os.path.join(top, name)
-            if path == lock:
+            if path in keep:
                 continue
             if os.path.isdir(path) and not os.path.islink(path):
                 _remove_tree(path)

@@ -353,7 +353,11 @@ def test_mps_from_the_sharing_configmap(node):
         fh.write(text.replace("#!/usr/bin/python3", "#!/opt/nvshim/bin/python3", 1))
     original = k8s.get("configmap", "-n", "nvshim", _sharing_configmap(node))["data"]
     try:
-        _set_sharing(node, SHARING)  # 4 replicas of every GPU
+        # 4 replicas of every whole GPU (MPS on MIG devices is refused: those are
+        # nvidia.com/mig-* under the mixed strategy)
+        _set_sharing(
+            node, SHARING.replace("version: v1\n", "version: v1\nflags:\n  migStrategy: mixed\n")
+        )
         gpu0 = k8s.sim.topology["gpus"][0]["uuid"]
         pid_file = k8s.path(f"/run/nvshim/mps/{gpu0}/pipe/nvidia-cuda-mps-control.pid")
         deadline = time.monotonic() + 30

@@ -57,6 +57,8 @@ for arg; do
     case $arg in --root=*) root=${{arg#--root=}} ;; esac
     prev=$arg
 done
+# (only a shim of ours decides: its working directory is a bundle naming this path)
+[ "$(cat "/proc/$PPID/cwd/runtime" 2>/dev/null)" = "$self" ] || exit $rc
 tasks=$(readlink "/proc/$PPID/cwd") || exit $rc
 tasks=${{tasks%/*}}
 tasks=${{tasks%/*}}

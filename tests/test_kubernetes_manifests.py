@@ -136,6 +136,9 @@ def test_daemonset_matches_what_nvshim_node_reads(overlay, tmp_path):
 
     # the readiness probe looks at the file the installer writes, on a writable volume
     assert container["readinessProbe"]["exec"]["command"] == ["test", "-e", s.ready_file]
+    assert container["startupProbe"]["exec"]["command"] == ["test", "-e", s.ready_file]
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 360  # a systemd restart
     mount, volume = _mount_for(s.ready_file, pod, container)
     assert "emptyDir" in volume
     assert container["securityContext"]["readOnlyRootFilesystem"] is True

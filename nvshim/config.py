@@ -35,6 +35,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
     },
     "policy": {
         "accept-env-unprivileged": False,
+        "fail-refused-env": True,  # a refused env request naming devices fails the container
         "accept-volume-mounts": True,
         "cdi-annotation-prefixes": ["cdi.k8s.io/"],
         "default-capabilities": "utility,compute",

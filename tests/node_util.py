@@ -97,11 +97,12 @@ def reap_started() -> None:
     STARTED.clear()
 
 
-def start_node(env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Start ``nvshim node run`` in the background, its output going to ``log``."""
+def start_node(env: dict[str, str], log: Path, nvshim: str = NVSHIM) -> subprocess.Popen:
+    """Start ``nvshim node run`` (``nvshim``: another build's command, such as a
+    bundle's) in the background, its output going to ``log``."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [NVSHIM, "node", "run"],
+            [nvshim, "node", "run"],
             env=clean_env(env),
             stdout=out,
             stderr=subprocess.STDOUT,

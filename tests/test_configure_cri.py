@@ -126,8 +126,9 @@ def test_pod_on_nvshim_handler_gets_requested_gpu(tmp_path, sim_hosts, launchers
                 by_cdi = cri.run_container(
                     pod, "by-cdi", IMAGE, SHOW, annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
                 )
+                # "all" (what CUDA base images set for every container): no GPU, logged
                 denied = cri.run_container(
-                    pod, "denied", IMAGE, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "1"}
+                    pod, "denied", IMAGE, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "all"}
                 )
             daemon_log = ctd.log()
     finally:

@@ -53,7 +53,7 @@ def by_kind(docs: list[dict], kind: str) -> dict:
 
 
 def test_overlays_exist():
-    assert {"containerd", "crio", "k3s", "rke2"} <= set(OVERLAYS)
+    assert {"containerd", "crio", "k3s", "rke2", "aks", "eks", "gke"} <= set(OVERLAYS)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -138,6 +138,9 @@ def test_daemonset_matches_what_nvshim_node_reads(overlay, tmp_path):
 
     # the readiness probe looks at the file the installer writes, on a writable volume
     assert container["readinessProbe"]["exec"]["command"] == ["test", "-e", s.ready_file]
+    assert container["startupProbe"]["exec"]["command"] == ["test", "-e", s.ready_file]
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 360  # a systemd restart
     mount, volume = mount_for(s.ready_file, pod, container)
     assert "emptyDir" in volume
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -145,7 +148,14 @@ def test_daemonset_matches_what_nvshim_node_reads(overlay, tmp_path):
     # the RuntimeClass names the runtime the installer registers and lands on its nodes
     runtime_class = by_kind(docs, "RuntimeClass")
     assert runtime_class["handler"] == s.engine.runtime_name
-    assert runtime_class["scheduling"]["nodeSelector"] == pod["nodeSelector"]
+    if "nodeSelector" in pod:
+        assert runtime_class["scheduling"]["nodeSelector"] == pod["nodeSelector"]
+    else:  # a label whose value is the GPU type: an Exists affinity, no RuntimeClass selector
+        assert "nodeSelector" not in runtime_class["scheduling"]
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["operator"] == "Exists"
+    for toleration in runtime_class["scheduling"]["tolerations"]:
+        assert toleration in pod["tolerations"]
     # engine restarts: host PID to signal the socket's owner, time to uninstall
     assert pod["hostPID"] is True
     assert pod["terminationGracePeriodSeconds"] >= 300
@@ -172,3 +182,104 @@ def test_exporter_sidecar_serves_the_installed_bundle_on_the_scraped_port(overla
     ]
     mount, volume = mount_for(s.host_root, pod, sidecar)
     assert volume["hostPath"]["path"] == "/" and mount["readOnly"] is True
+
+
+# The managed node shapes (issue 23): the labels and taints of a GPU node each service
+# gives, and what its device plugin does (envvar: NVIDIA_VISIBLE_DEVICES, NVIDIA's runtime
+# the default).
+SHAPES = {
+    "aks": (
+        {"kubernetes.azure.com/accelerator": "nvidia", "accelerator": "nvidia"},
+        [{"key": "sku", "value": "gpu", "effect": "NoSchedule"}],
+    ),
+    "eks": (
+        {"k8s.amazonaws.com/accelerator": "nvidia-tesla-h100"},
+        [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}],
+    ),
+    "gke": (
+        {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+        [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+    ),
+}
+
+
+def _selects(pod: dict, labels: dict[str, str]) -> bool:
+    """The scheduler's node selector and required node affinity (In/Exists) on ``labels``."""
+    if any(labels.get(k) != v for k, v in pod.get("nodeSelector", {}).items()):
+        return False
+    required = pod.get("affinity", {}).get("nodeAffinity", {})
+    required = required.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return True
+
+    def matches(expr: dict) -> bool:
+        if expr["operator"] == "Exists":
+            return expr["key"] in labels
+        if expr["operator"] == "In":
+            return labels.get(expr["key"]) in expr["values"]
+        raise AssertionError(expr)
+
+    return any(all(map(matches, t["matchExpressions"])) for t in required["nodeSelectorTerms"])
+
+
+def _tolerates(tolerations: list[dict], taint: dict) -> bool:
+    for t in tolerations:
+        if t.get("effect") not in (None, taint["effect"]) or t.get("key") != taint["key"]:
+            continue
+        if t.get("operator") == "Exists" or t.get("value") == taint["value"]:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("overlay", sorted(SHAPES))
+def test_managed_shape_lands_on_its_gpu_nodes_and_honours_its_device_plugin(overlay):
+    labels, taints = SHAPES[overlay]
+    docs = render(overlay)
+    pod, container = _container(docs)
+    assert _selects(pod, labels)
+    assert all(_tolerates(pod["tolerations"], taint) for taint in taints)
+    assert not _selects(pod, {"kubernetes.io/os": "linux"})  # a node without a GPU: no
+    # a GPU pod on the runtime class lands there too (its own GPU request picks the node)
+    scheduling = by_kind(docs, "RuntimeClass")["scheduling"]
+    assert all(labels.get(k) == v for k, v in scheduling.get("nodeSelector", {}).items())
+    assert all(_tolerates(scheduling["tolerations"], taint) for taint in taints)
+    # NVIDIA's runtime is the default there and the device plugin asks by env: nvshim takes
+    # the default (pods name no runtime class) and honours those requests
+    s = resolve_node({}, {e["name"]: e["value"] for e in container["env"]})
+    assert s.engine.set_as_default is True
+    assert s.policy["accept-env-unprivileged"] is True
+    assert s.warnings == []
+
+
+def test_default_overlays_keep_the_safe_env_policy():
+    for overlay in ("containerd", "crio", "k3s", "rke2"):
+        _, container = _container(render(overlay))
+        s = resolve_node({}, {e["name"]: e["value"] for e in container["env"]})
+        assert "accept-env-unprivileged" not in s.policy
+        assert s.engine.set_as_default is False
+
+
+EXAMPLES = sorted(os.listdir(os.path.join(KUBE, "examples")))
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_examples_validate_and_ask_through_a_form_nvshim_honours(example):
+    """The documented pods: valid, on the nvshim runtime class, and asking in a form the
+    default policy honours for an unprivileged container (device mounts or a device
+    plugin resource), never NVIDIA_VISIBLE_DEVICES alone."""
+    with open(os.path.join(KUBE, "examples", example), encoding="utf-8") as fh:
+        (pod,) = [d for d in yaml.safe_load_all(fh) if d]
+    for version in (OLDEST, newest_bundled()):
+        kubernetes_validate.validate(pod, version, strict=True)
+    spec = pod["spec"]
+    assert spec["runtimeClassName"] == "nvshim"
+    (container,) = spec["containers"]
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in container.get("env", [])}
+    mounts = container.get("volumeMounts", [])
+    limits = container.get("resources", {}).get("limits", {})
+    assert limits.get("nvidia.com/gpu") or any(
+        m["mountPath"].startswith("/var/run/nvidia-container-devices/") for m in mounts
+    )
+    for mount in mounts:
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert volume["hostPath"] == {"path": "/dev/null", "type": "CharDevice"}

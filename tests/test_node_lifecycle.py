@@ -190,7 +190,9 @@ def test_mps_daemons_are_supervised_and_stopped(tmp_path):
                 pass
         subprocess.run(["umount", "-l", str(pipe.parent / "shm")], capture_output=True)
     assert _mps_pid(str(pipe)) is None
-    assert "quit" in (pipe.parent / "log" / "control.log").read_text()
+    assert f"MPS daemon of 0 ({uuid}): stopped" in log.read_text()
+    # the MPS root and every cache under the host's /run/nvshim went with the uninstall
+    assert not scratch.path("/run/nvshim").exists(), os.listdir(scratch.path("/run/nvshim"))
     assert not scratch.path("/etc/nvshim/sharing.yaml").exists()
     assert not scratch.path("/var/run/cdi/nvshim-shared.yaml").exists()
     assert scratch.config.read_bytes() == scratch.original

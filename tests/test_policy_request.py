@@ -187,7 +187,12 @@ def null_mount(destination, source="/dev/null"):
         # unprivileged under the default policy: denied, nothing given
         (["NVIDIA_VISIBLE_DEVICES=all"], UNPRIV, {}, ("env", "void", (), "all")),
         (["NVIDIA_VISIBLE_DEVICES=none"], UNPRIV, {}, ("env", "void", (), "none")),
-        (["NVIDIA_VISIBLE_DEVICES=0:1"], UNPRIV, {}, ("env", "void", (), "0:1")),
+        (
+            ["NVIDIA_VISIBLE_DEVICES=0:1"],
+            UNPRIV,
+            {"fail_refused_env": False},
+            ("env", "void", (), "0:1"),
+        ),
         (["CUDA_VERSION=11.0"], UNPRIV, {}, ("legacy", "void", (), "legacy CUDA image")),
         # a malformed env request that would be denied anyway does not fail the container
         (["NVIDIA_VISIBLE_DEVICES=../../etc"], UNPRIV, {}, ("env", "void", (), "../../etc")),
@@ -232,6 +237,42 @@ def test_env_requests_and_policy(env, bounding, pol, expected):
     else:
         assert denied in request.denied
         assert "accept-env-unprivileged" in request.denied
+
+
+@pytest.mark.parametrize("value", ["1", "GPU-0e2c1a84-5b8e-4c7e-9f0a-3d1b2c4e5f60", "0:1,2"])
+def test_refused_env_request_naming_devices_fails_the_container(value):
+    """The device plugin's envvar strategy names devices: refusing it silently would give
+    a pod without its GPU and no error at the pod, so the create fails with the reason."""
+    spec = spec_with([f"NVIDIA_VISIBLE_DEVICES={value}"], UNPRIV)
+    with pytest.raises(RequestError) as err:
+        request_from_spec(spec, POLICY)
+    assert f"NVIDIA_VISIBLE_DEVICES={value!r} not honoured" in str(err.value)
+    assert "volume-mounts" in str(err.value) and "accept-env-unprivileged" in str(err.value)
+    assert "\n" not in str(err.value)
+    # honoured where the policy lets it through: privileged, or accept-env-unprivileged
+    assert request_from_spec(spec_with([f"NVIDIA_VISIBLE_DEVICES={value}"], PRIV), POLICY)
+    allowed = request_from_spec(spec, {**POLICY, "accept-env-unprivileged": True})
+    assert allowed.denied is None
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {"io.kubernetes.cri.container-type": "sandbox"},
+        {"io.kubernetes.cri-o.ContainerType": "sandbox"},
+    ],
+)
+def test_a_pod_sandbox_never_asks(annotations):
+    """Pod annotations an engine passes through (containerd's pod_annotations) reach the
+    pause container too: it gets nothing, whatever it carries."""
+    annotations = {**annotations, "cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
+    spec = spec_with(["NVIDIA_VISIBLE_DEVICES=all"], PRIV)
+    spec["annotations"] = annotations
+    assert request_from_spec(spec, POLICY) is None
+    # the same annotation on a container (type "container") is a request
+    spec["annotations"] = {**annotations, "io.kubernetes.cri.container-type": "container"}
+    spec["annotations"].pop("io.kubernetes.cri-o.ContainerType", None)
+    assert request_from_spec(spec, POLICY).source == "cdi"
 
 
 def test_malformed_env_request_fails_when_it_would_be_honoured():
@@ -457,7 +498,7 @@ def test_spec_not_an_object_raises():
 
 
 def test_policy_with_wrong_types_falls_back_to_safe_defaults():
-    spec = spec_with(["NVIDIA_VISIBLE_DEVICES=0"], UNPRIV)
+    spec = spec_with(["NVIDIA_VISIBLE_DEVICES=all"], UNPRIV)
     bad = {"accept-env-unprivileged": "yes", "cdi-annotation-prefixes": "cdi.k8s.io/"}
     assert request_from_spec(spec, bad).denied is not None
     assert request_from_spec(spec, {}).denied is not None

@@ -285,6 +285,26 @@ def test_unprivileged_env_request_denied_by_default(sim_hosts, launchers, tmp_pa
     assert gpu_nodes(rt.view(proc)) == {"nvidia0"}
 
 
+def test_unprivileged_env_request_naming_a_gpu_fails_the_create(
+    sim_hosts, launchers, tmp_path, rootfs
+):
+    """The device plugin's envvar strategy (NVIDIA_VISIBLE_DEVICES=<id>) from an
+    unprivileged container: the create fails with the reason on stderr (what the engine
+    puts in the pod's events), never a container silently without its GPU."""
+    rt = Runtime(sim_hosts("single"), launchers, tmp_path, rootfs)
+    proc, _, _ = rt.run(env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    assert proc.returncode != 0
+    assert "NVIDIA_VISIBLE_DEVICES='0' not honoured: unprivileged container" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    (tmp_path / "relaxed").mkdir()
+    relaxed = Runtime(
+        sim_hosts("single"), launchers, tmp_path / "relaxed", rootfs, fail_refused_env=False
+    )
+    proc, _, _ = relaxed.run(env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    assert relaxed.view(proc)["DEV"] == []
+    assert "denied=" in relaxed.log_lines()[-1]
+
+
 @pytest.mark.parametrize(
     "kwargs, needle",
     [

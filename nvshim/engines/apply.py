@@ -31,7 +31,7 @@ from nvshim.engines.common import (
 from nvshim.engines.records import apply_edits, revert_records
 from nvshim.engines.restart import find_systemctl, restart, socket_owner
 from nvshim.engines.settings import Settings
-from nvshim.host.rootpath import host_path
+from nvshim.host.rootpath import in_root
 from nvshim.record import field, record
 
 ENGINE_MODULES: dict[str, ModuleType] = {
@@ -94,7 +94,7 @@ def configure(s: Settings) -> Report:
         states = {path: load_state(path) for path in paths}
         history = {path: st.records if st else [] for path, st in states.items()}
         plan, warnings = engine.plan(s, docs, history)
-        if not os.path.exists(host_path(s.host_root, s.runtime_path)):
+        if not os.path.exists(in_root(s.host_root, s.runtime_path)):
             warnings.append(f"{s.runtime_path} does not exist yet (see `nvshim install`)")
         changes = []
         for path in paths:
@@ -133,8 +133,9 @@ def _commit_configure(change: _Change) -> str:
     return f"{change.path}: " + "; ".join(change.summary + notes)
 
 
-def unconfigure(s: Settings) -> Report:
-    """Take the nvshim runtime out of ``s.engine``'s configuration again."""
+def unconfigure(s: Settings, restart_now: bool = True) -> Report:
+    """Take the nvshim runtime out of ``s.engine``'s configuration again. Without
+    ``restart_now`` the caller restarts the engine (``report.changed`` says whether to)."""
     s = _resolved(s)
     engine = ENGINE_MODULES[s.engine]
     paths = engine.files(s)
@@ -153,7 +154,8 @@ def unconfigure(s: Settings) -> Report:
         for change in changes:
             report.lines.append(_commit_unconfigure(s, change))
     report.changed = True
-    report.lines.append(restart(s))
+    if restart_now:
+        report.lines.append(restart(s))
     return report
 
 

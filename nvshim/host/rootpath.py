@@ -18,6 +18,18 @@ def host_path(root: str, path: str) -> str:
     return os.path.join(root, rel) if root not in ("", "/") else "/" + rel
 
 
+def in_root(root: str, path: str) -> str:
+    """``path`` (absolute, as seen from inside ``root``) as a path on this machine, every
+    symlink in its directories resolved inside ``root``; the last component is not
+    followed (it may be a link the caller replaces). A host mounted at ``/host`` whose
+    ``/var/run`` is the absolute link ``/run`` gives ``/host/run/...``, never this
+    machine's own ``/run``."""
+    head, tail = os.path.split(os.path.normpath("/" + path.lstrip("/")))
+    if not tail:
+        return os.path.normpath(host_path(root, "/"))
+    return host_path(root, os.path.join(resolve_in_root(root, head), tail))
+
+
 def container_path(root: str, host: str) -> str:
     """Inverse of ``host_path``: drop the root prefix."""
     if root in ("", "/"):

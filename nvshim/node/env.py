@@ -25,7 +25,7 @@ from nvshim.engines.settings import (
     resolve_settings,
 )
 from nvshim.errors import UsageError
-from nvshim.host.rootpath import host_path
+from nvshim.host.rootpath import in_root, resolve_in_root
 from nvshim.record import field, record
 
 DEFAULT_HOST_ROOT = "/host"
@@ -133,8 +133,9 @@ class NodeSettings:
     warnings: list[str] = field(default_factory=list)
 
     def here(self, path: str) -> str:
-        """A host path as the installer reaches it (under the host root)."""
-        return host_path(self.host_root, path)
+        """A host path as the installer reaches it (under the host root, its symlinks
+        resolved there: :func:`nvshim.host.rootpath.in_root`)."""
+        return in_root(self.host_root, path)
 
     @property
     def bin_dir(self) -> str:
@@ -178,7 +179,8 @@ def _path(name: str, raw: str, host_root: str | None = None) -> str:
 
 
 def _under(host_root: str, path: str) -> str:
-    return os.path.normpath(host_path(host_root, path))
+    """A host directory as the installer reaches it, every symlink resolved in the root."""
+    return in_root(host_root, resolve_in_root(host_root, path))
 
 
 def _list(raw: str) -> list[str]:
@@ -235,9 +237,9 @@ def _engine_settings(
 
     return records.replace(
         settings,
-        config=host_path(host_root, config or DEFAULT_CONFIG[engine]),
-        socket=host_path(host_root, socket) if socket else socket,
-        drop_in=host_path(host_root, settings.drop_in) if settings.drop_in else None,
+        config=in_root(host_root, config or DEFAULT_CONFIG[engine]),
+        socket=in_root(host_root, socket) if socket else socket,
+        drop_in=in_root(host_root, settings.drop_in) if settings.drop_in else None,
         host_root=host_root,
     )
 

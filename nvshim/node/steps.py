@@ -73,14 +73,104 @@ def node_lock(
             os.unlink(path)
         os.close(fd)
         remove_empty_dirs(created)
+        with contextlib.suppress(OSError):  # an earlier installer's (uninstall emptied it)
+            os.rmdir(os.path.dirname(path))
 
 
 def install_files(s: NodeSettings) -> list[str]:
-    """Put nvshim on the host at the prefix (the running bundle, relocated; launchers from
-    a plain install), and the OCI hook file in CRI-O hook mode: ``nvshim.install``."""
+    """Put nvshim on the host at the prefix (the running bundle as its own versioned tree,
+    then the prefix link switched to it: nothing a running runtime, hook or exporter
+    executes is rewritten; launchers from a plain install), and the OCI hook file in
+    CRI-O hook mode: ``nvshim.install``."""
     from nvshim.install import install_host
 
-    return install_host(s.host_root, s.prefix, hooks_dir=s.hooks_dir)
+    return install_host(s.host_root, s.prefix, hooks_dir=s.hooks_dir, versioned=True)
+
+
+def remove_files(s: NodeSettings, say: Say) -> None:
+    """Take nvshim's files off the host, the prefix switched to the pass-through
+    (:mod:`nvshim.node.leftover`) so that containers still running through nvshim stay
+    manageable while the engine restarts; :func:`settle_files` decides after it."""
+    from nvshim.install import uninstall_host
+    from nvshim.node import leftover
+
+    runtimes = [str(r) for r in host_side_config(s).get("runtime", "runtimes")]
+    tree = leftover.leave(s, runtimes)
+    for path in uninstall_host(s.host_root, s.prefix, switch_to=tree):
+        say(f"removed {path}")
+
+
+def settle_files(s: NodeSettings, say: Say, wait: float = 10.0) -> None:
+    """The pass-through goes unless a container still runs through it; a version tree a
+    process still runs from (the exporter sidecar stopping with this pod) is waited for
+    up to ``wait`` seconds, then left to the next install."""
+    from nvshim.install import prune_versions, versions_dir
+    from nvshim.node import leftover
+
+    for path in leftover.settle(s, say):
+        say(f"removed {path}")
+    top = s.here(versions_dir(s.prefix))
+    link = s.here(s.prefix)
+    keep = os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+    deadline = time.monotonic() + wait
+    while True:
+        for path in prune_versions(s.host_root, s.prefix, keep=keep):
+            say(f"removed {path}")
+        others = sorted(set(os.listdir(top)) - {keep}) if os.path.isdir(top) else []
+        if not others:
+            return
+        if time.monotonic() > deadline:
+            say(f"warning: {top}: left {', '.join(others)}: a process still runs from it")
+            return
+        time.sleep(0.2)
+
+
+def _remove_tree(top: str) -> None:
+    """Remove ``top`` and what it holds, never crossing into a mount point (an MPS
+    daemon's ``/dev/shm`` that failed to unmount stays, with the directories above it)."""
+    walked = []
+    for path, dirs, files in os.walk(top):
+        links = [d for d in dirs if os.path.islink(os.path.join(path, d))]
+        dirs[:] = [d for d in dirs if d not in links and not os.path.ismount(os.path.join(path, d))]
+        walked.append((path, files + links))
+    for path, names in reversed(walked):
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(path, name))
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
+def clean_run_dirs(s: NodeSettings, say: Say) -> None:
+    """Remove nvshim's caches on the host (the state and cache directory, ``/run/nvshim``
+    by default); the node lock file stays until the lock is released. While containers
+    still run through nvshim their exec markers stay (an install coming back must still
+    enforce on their execs); the pass-through removes them with itself."""
+    from nvshim.node.leftover import shim_users
+    from nvshim.runtime import MARKER_DIR
+    from nvshim.trusted import DEFAULT_CACHE_DIR
+
+    state = str(host_side_config(s).get("runtime", "state-dir"))
+    keep = {s.here(s.pid_file)}
+    if shim_users(s.runtime_path):
+        keep.add(s.here(os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR)))
+    for host_dir in sorted({state, DEFAULT_CACHE_DIR}):
+        top = s.here(host_dir)
+        if not os.path.isdir(top) or os.path.islink(top):
+            continue
+        gone = 0
+        for name in os.listdir(top):
+            path = os.path.join(top, name)
+            if path in keep:
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                _remove_tree(path)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            gone += 1
+        if gone:
+            say(f"removed {gone} cache entr{'y' if gone == 1 else 'ies'} in {top}")
 
 
 def host_config_text(s: NodeSettings, sharing_host_path: str | None) -> bytes:
@@ -226,13 +316,32 @@ def configure_engine(s: NodeSettings, say: Say) -> None:
         say(restart(s.engine))
 
 
-def unconfigure_engine(s: NodeSettings, say: Say) -> None:
+def unconfigure_engine(s: NodeSettings, say: Say) -> bool:
+    """Take the runtime out of the engine config; whether the engine needs a restart
+    (left to the caller: the last step, so every line before it reaches the pod log)."""
     from nvshim.engines.apply import unconfigure
 
     if s.engine is None:
-        return
-    for line in unconfigure(s.engine).lines:
+        return False
+    report = unconfigure(s.engine, restart_now=False)
+    for line in report.lines:
         say(line)
+    return report.changed
+
+
+LOG_DRAIN = 0.5  # seconds for the engine to copy the lines above into the pod log
+
+
+def restart_engine(s: NodeSettings, say: Say) -> None:
+    """The uninstall's engine restart. containerd copies a pod's output into its log
+    itself, so lines written just before it goes down are lost: the restart waits a
+    moment after saying it comes."""
+    from nvshim.engines.restart import restart
+
+    say(f"restarting {s.engine_name} ({s.engine.restart}) to drop the runtime")
+    if s.engine.restart != "none":
+        time.sleep(LOG_DRAIN)
+    say(restart(s.engine))
 
 
 def preflight(s: NodeSettings) -> None:
@@ -249,8 +358,35 @@ def preflight(s: NodeSettings) -> None:
 
 def install(s: NodeSettings, say: Say) -> object:
     """Every install step (after :func:`preflight`); returns the discovered host
-    (installer view) or None. Discovery and the sharing config's check against the
-    host come first: a failure there changes nothing."""
+    (installer view) or None. A failure takes back what this run wrote when nothing was
+    installed before it; an upgrade that fails switches the prefix back to the tree it
+    named, so the earlier install keeps working (its other files are as it left them or
+    already this run's, each complete)."""
+    from nvshim.engines.common import state_path
+
+    link = s.here(s.prefix)
+    first = not os.path.lexists(link) and not os.path.exists(state_path(s.here(s.host_config)))
+    previous = os.readlink(link) if os.path.islink(link) else None
+    try:
+        return _install(s, say)
+    except Exception as err:
+        say(f"error: install failed: {err}")
+        if first:
+            say("taking back what this install wrote")
+            uninstall(s, say)
+        elif previous is not None and os.path.isdir(os.path.join(os.path.dirname(link), previous)):
+            from nvshim.install import prune_versions, replace_link
+
+            if not os.path.islink(link) or os.readlink(link) != previous:
+                replace_link(link, previous)
+                say(f"{link}: switched back to {previous}; the earlier install stays")
+                prune_versions(s.host_root, s.prefix, keep=os.path.basename(previous))
+        raise
+
+
+def _install(s: NodeSettings, say: Say) -> object:
+    """The install steps. Discovery and the sharing config's check against the host
+    come first: a failure there changes nothing."""
     if s.create_device_nodes:
         create_device_nodes(s, say)
     host = None
@@ -270,36 +406,54 @@ def install(s: NodeSettings, say: Say) -> object:
         write_cdi(s, say, host)
     runtimed.install(s, say)
     configure_engine(s, say)
+    prune_files(s, say)
     return host
 
 
-def uninstall(s: NodeSettings, say: Say) -> list[str]:
-    """Undo :func:`install`; every step runs even when one before failed. Returns the
-    failures (one line each)."""
-    from nvshim.install import uninstall_host
+def prune_files(s: NodeSettings, say: Say) -> None:
+    """Remove the bundle trees of earlier installs (and an uninstall's pass-through) that
+    no process runs from, now that the engine names this one."""
+    from nvshim.install import prune_versions
 
+    link = s.here(s.prefix)
+    keep = os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+    for path in prune_versions(s.host_root, s.prefix, keep=keep):
+        say(f"removed {path}")
+
+
+def uninstall(s: NodeSettings, say: Say) -> list[str]:
+    """Undo :func:`install`; every step runs even when one before failed. The engine is
+    restarted last (a signalled containerd cuts the pod log while it is down), with the
+    pass-through in place; then the pass-through goes unless containers still use it.
+    Returns the failures (one line each)."""
     failures: list[str] = []
 
-    def step(action: Callable[[], None]) -> None:
+    def step(action: Callable[[], object]) -> object:
         try:
-            action()
+            return action()
         except (NvshimError, OSError) as err:
             failures.append(str(err))
             say(f"error: {err}")
+            return None
 
     def take_back(path: str) -> None:
         line = placed.take_back(s.here(path))
         if line:
             say(line)
 
-    step(lambda: unconfigure_engine(s, say))
+    restart = step(lambda: unconfigure_engine(s, say))
     if not s.keep:
         step(lambda: runtimed.remove(s, say))
         step(lambda: take_back(s.cdi_spec))
         step(lambda: take_back(s.cdi_shared_spec))
     config_path, sharing_path = host_configs(s)
+    if not s.keep:
+        step(lambda: remove_files(s, say))
+        step(lambda: clean_run_dirs(s, say))
     step(lambda: take_back(config_path))
     step(lambda: take_back(sharing_path))
+    if restart:
+        step(lambda: restart_engine(s, say))
     if not s.keep:
-        step(lambda: [say(f"removed {p}") for p in uninstall_host(s.host_root, s.prefix)])
+        step(lambda: settle_files(s, say))
     return failures

@@ -22,6 +22,11 @@ DEVICES_DIR = ("var", "run", "nvidia-container-devices")
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 RDMA_ANNOTATION = "nvshim.io/rdma"  # a GPU-NIC pairing request (nvshim.policy.pairing)
 RDMA_ENV = "NVSHIM_RDMA"
+# The CRI's marks of a pod sandbox (the pause container): containerd, CRI-O
+SANDBOX_MARKS = (
+    ("io.kubernetes.cri.container-type", "sandbox"),
+    ("io.kubernetes.cri-o.ContainerType", "sandbox"),
+)
 KINDS = ("unset", "void", "none", "all", "list")
 TRUE_WORDS = ("true", "1", "yes")
 
@@ -277,17 +282,31 @@ def _is_legacy(env: dict[str, str]) -> bool:
     return bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
 
 
+def is_sandbox(spec: dict) -> bool:
+    """Whether the CRI marked this container as a pod sandbox (the pause container)."""
+    annotations = spec.get("annotations")
+    if not isinstance(annotations, dict):
+        return False
+    return any(annotations.get(key) == value for key, value in SANDBOX_MARKS)
+
+
 def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
     """The container's GPU request, or None for a container that asks for no GPU.
 
-    ``policy`` is the ``[policy]`` table of the configuration. Env requests (including
+    ``policy`` is the ``[policy]`` table of the configuration. A pod sandbox never asks
+    (pod annotations an engine passes through reach it too). Env requests (including
     legacy CUDA images, which mean ``all``) are honoured for privileged containers, and
     for unprivileged ones only with ``accept-env-unprivileged``; otherwise the request
-    comes back with ``denied`` set. Malformed requests raise RequestError, except an env
+    comes back with ``denied`` set, or, when it names devices and
+    ``fail-refused-env`` is on, raises RequestError (the container fails, the reason in
+    the engine's error: a device plugin's envvar request never silently yields a
+    container without its GPU). Malformed requests raise RequestError, except an env
     request that would be denied anyway.
     """
     if not isinstance(spec, dict):
         raise RequestError("config.json: not a JSON object")
+    if is_sandbox(spec):
+        return None
     env = spec_env(spec)
     privileged = is_privileged(spec)
     denied: str | None = None
@@ -320,6 +339,12 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
                 f"{asked} not honoured: unprivileged container and "
                 "policy.accept-env-unprivileged is false"
             )
+            if devices.kind == "list" and _policy(policy, "fail-refused-env"):
+                raise RequestError(
+                    f"{denied}; ask through a CDI annotation or device mounts (the device"
+                    " plugin's cdi-annotations or volume-mounts strategy), or set"
+                    " policy.accept-env-unprivileged"
+                )
             devices = DeviceList("void")
     warnings: list[str] = []
     from nvshim.policy.capabilities import parse_capabilities

@@ -479,7 +479,8 @@ class Kit:
 
     def check_runtimed(self) -> str:
         """nvshim-runtimed of the kit's launchers serves 1-GPU creates: the first by its
-        socket, the next through a slot (the front's cache is warm by then)."""
+        socket (or a slot, when the front's cache is already warm), the next through a
+        slot (the front's cache is warm by then)."""
         from tests.runc_util import served_by, start_daemon
 
         cache = os.path.join(self.work, "cache")

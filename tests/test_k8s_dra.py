@@ -321,18 +321,11 @@ def test_plugin_restart_keeps_prepared_claims(cluster, ns):
 
 
 def _kubelet_pid(k8s) -> int:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[0].endswith(b"/kubelet") and f"--hostname-override={NODE_NAME}".encode() in argv:
-            if os.readlink(f"/proc/{entry}/ns/pid") == os.readlink(f"/proc/{k8s.pid}/ns/pid"):
-                return int(entry)
-    raise AssertionError("no kubelet")
+    override = f"--hostname-override={NODE_NAME}".encode()
+    found = k8s.pids(lambda argv: argv[0].endswith(b"/kubelet") and override in argv)
+    if not found:
+        raise AssertionError("no kubelet")
+    return found[0]
 
 
 def test_kubelet_restart_registers_the_plugin_again(cluster, ns):

@@ -414,20 +414,9 @@ def test_rolling_update_to_a_second_tag_with_a_gpu_pod_running(node):
 def _installer_pids(k8s) -> list[int]:
     """The installer's interpreter (``nvshim node run``) in the cluster's PID namespace
     (the DaemonSet runs with hostPID)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-            if os.readlink(f"/proc/{entry}/ns/pid") != k8s.pidns:
-                continue
-        except OSError:
-            continue
-        if b"node" in argv and b"run" in argv and any(b"nvshim" in a for a in argv):
-            found.append(int(entry))
-    return found
+    return k8s.pids(
+        lambda argv: b"node" in argv and b"run" in argv and any(b"nvshim" in a for a in argv)
+    )
 
 
 def test_kill_9_of_the_installer_converges(node):

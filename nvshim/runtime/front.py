@@ -124,9 +124,10 @@ run() {{ ( exec 2>&7 7>&-; exec "$@" ); }}
 talk() {{
   printf '%s %s\\n' "$$" "$#" >&6
   # the daemon has {ACK_WAIT} s to take the call (a stopped or hung one: Python does it);
-  # the watchdog writes t, killed with its sleep once an answer came
+  # the watchdog writes t, killed with its sleep once an answer came (the sleep holds no
+  # FIFO: one a kill missed, between its fork and p=, only sleeps out its time)
   (trap 'kill "$p" 2>/dev/null; exit 0' TERM
-    "$w" {ACK_WAIT} & p=$!; wait "$p" && echo {TIMEOUT}
+    "$w" {ACK_WAIT} >/dev/null & p=$!; wait "$p" && echo {TIMEOUT}
   ) </dev/null >"$d/$k.r" 2>/dev/null {REPLY_FD}<&- 6>&- &
   q=$!
   IFS= read -r a <&{REPLY_FD} || a=

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.k8s import artifacts
@@ -577,6 +578,23 @@ class Cluster:
             time.sleep(0.1)
 
     # -- using it ---------------------------------------------------------------------
+    def pids(self, match: Callable[[list[bytes]], bool]) -> list[int]:
+        """Host pids of the processes in the cluster's PID namespace whose argv (a list of
+        bytes) ``match`` accepts."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") != self.pidns:
+                    continue
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+            except OSError:
+                continue
+            if match(argv):
+                found.append(int(entry))
+        return found
 
     def path(self, inside: str) -> str:
         """The host path through which a path inside the namespaces is reached (reads and

@@ -36,24 +36,29 @@ def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArg
 class Prepared:
     """What ``prepare_bundle`` leaves for the caller: the configuration (its runtime
     list), the finishing steps deferred to the runtime (``finish_here``) with the
-    container root and annotations they need."""
+    container root and annotations they need, and the low-level runtime when it was
+    already looked up for the exec marker (None otherwise)."""
 
-    __slots__ = ("config", "steps", "rootfs", "annotations")
+    __slots__ = ("config", "steps", "rootfs", "annotations", "runtime")
 
-    def __init__(self, config: Config, steps=(), rootfs: str = "", annotations=None) -> None:
+    def __init__(
+        self, config: Config, steps=(), rootfs: str = "", annotations=None, runtime=None
+    ) -> None:
         self.config, self.steps, self.rootfs = config, list(steps), rootfs
-        self.annotations = annotations
+        self.annotations, self.runtime = annotations, runtime
 
 
-def _marker_root(config: Config, root_flag: str | None) -> str:
-    """What the exec marker records: the low-level runtime's state root, "" if unknown."""
+def _marker_root(config: Config, root_flag: str | None) -> tuple[str, str | None]:
+    """What the exec marker records (the low-level runtime's state root, "" if unknown)
+    and the runtime it was found for (None: none found)."""
     from nvshim.runtime.lowlevel import runtime_for
     from nvshim.runtime.markers import state_root
 
     try:
-        return state_root(root_flag, runtime_for(config))
+        runtime = runtime_for(config)
     except NvshimError:  # no runtime: the create fails after the marker anyway
-        return ""
+        return "", None
+    return state_root(root_flag, runtime), runtime
 
 
 def prepare_bundle(
@@ -101,8 +106,9 @@ def prepare_bundle(
         rootfs = rootfs_path(spec, bundle) if steps else ""
     apply_edits(spec, edits, [d.uuid for d in selection.devices])
     data = fastjson.dumps(spec).encode()
-    mark_prepared(CACHE_DIR, container_id, _marker_root(config, root_flag))
+    root, runtime = _marker_root(config, root_flag)
+    mark_prepared(CACHE_DIR, container_id, root)
     fault_point("rewrite")
     atomic_write(os.path.join(bundle, "config.json"), data, backup=False, durable=False)
     log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
-    return Prepared(config, steps, rootfs, pod)
+    return Prepared(config, steps, rootfs, pod, runtime)

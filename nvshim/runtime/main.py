@@ -61,7 +61,7 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
             prepared = prepare_bundle(
                 bundle, args.container_id, args.action == "create", args.globals.get("root")
             )
-            runtime = resolve(prepared.config)
+            runtime = resolve(prepared.config, prepared.runtime)
             if prepared.steps:
                 from nvshim.runtime.finish import create_and_finish
 

@@ -132,16 +132,17 @@ def resolve_and_remember() -> str:
     return runtime
 
 
-def resolve(config=None) -> str:
+def resolve(config=None, runtime: str | None = None) -> str:
     """The low-level runtime for a call that reached Python (``config``: the one loaded
-    for it, else loaded here). On the way the sh front's cache is brought up to date:
-    after one create through Python, the front decides alone whether the next one may
-    ask for a GPU."""
+    for it, else loaded here; ``runtime``: the one already found for it, if any). On the
+    way the sh front's cache is brought up to date: after one create through Python, the
+    front decides alone whether the next one may ask for a GPU."""
     if config is None:
         return resolve_and_remember()
-    from nvshim.runtime.lowlevel import runtime_for
+    if runtime is None:
+        from nvshim.runtime.lowlevel import runtime_for
 
-    runtime = runtime_for(config)
+        runtime = runtime_for(config)
     from nvshim.errors import NvshimError
 
     try:  # reads the configuration again, after noting its identity (a cheap cache hit)

@@ -22,8 +22,9 @@ done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "setup: installing ${need_pkgs[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+    source tests/apt_wait.sh
+    apt_wait apt-get update -qq
+    apt_wait apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
 fi
 
 # The real Debian interpreter, never a version-manager shim: hooks point at it.

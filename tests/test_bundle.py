@@ -192,3 +192,16 @@ def test_bad_install_input_is_one_line_and_writes_nothing(bundle, tmp_path, args
     assert proc.returncode != 0
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_bundle_ships_no_test_only_modules(bundle):
+    """CPython's test and obsolete extension modules stay out of the node's bundle."""
+    shipped = {
+        name.split(".")[0]
+        for _top, _dirs, files in os.walk(os.path.join(bundle, "lib"))
+        for name in files
+        if name.endswith(".so") or name.endswith(".py")
+    }
+    for module in ("_testcapi", "_testbuffer", "_xxtestfuzz", "ossaudiodev", "xxlimited"):
+        assert module not in shipped
+    assert {"_ssl", "_ctypes", "_json"} <= shipped  # what nvshim does import is still there

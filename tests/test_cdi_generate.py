@@ -179,6 +179,7 @@ def test_vendor_class_and_uuid_only_give_lowest_version(tmp_path, sim_hosts):
         (["--class", "a/b"], "a/b"),
         (["-o", "/dev/null/cdi/spec.yaml"], "cannot create /dev/null"),
         (["-o", "spec.txt"], "spec.txt"),
+        (["--capabilities", "compute,foo"], "--capabilities: unknown capability 'foo'; known"),
     ],
 )
 def test_bad_arguments_one_line(sim_hosts, args, needle):

@@ -122,6 +122,7 @@ def test_dry_run_prints_a_diff_and_writes_nothing(case, tmp_path, capsys, monkey
     target = str(root / case.target)
     assert f"+++ {target}" in out
     assert "dry run: nothing written" in out
+    assert not [ln for ln in out.splitlines() if "warning:" in ln]  # stderr's, never the diff's
     # The diff adds exactly the lines of the expected output that the input lacks.
     added = [ln[1:] for ln in out.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
     expected_lines = {

@@ -158,7 +158,8 @@ def test_a_default_runtime_of_another_type_is_copied_with_a_warning(tmp_path, ca
                              '  ConfigPath = "/etc/kata/configuration.toml"\n')  # fmt: skip
     code, out, err = run_cli(capsys, "configure", *ctd(config))
     assert code == 0, err
-    assert "warning: the default runtime's type is io.containerd.kata.v2" in out
+    assert "nvshim: warning: the default runtime's type is io.containerd.kata.v2" in err
+    assert "warning" not in out
     assert runtime(config)["options"]["ConfigPath"] == "/etc/kata/configuration.toml"
 
 
@@ -313,11 +314,11 @@ def test_what_a_v1_default_runtime_cannot_carry_over_is_named(tmp_path, capsys):
         '  Root = "/run/ignored-by-v1"\n  NoPivotRoot = true\n  Terminal = true\n'
         '[plugins."io.containerd.runtime.v1.linux"]\n  shim_debug = true\n',
     )  # fmt: skip
-    code, out, err = run_cli(capsys, "configure", *ctd(config))
+    code, _, err = run_cli(capsys, "configure", *ctd(config))
     assert code == 0, err
-    assert "runs /opt/bin/runc-custom: nvshim-runtime runs the low-level runtime" in out
-    assert "io.containerd.runtime.v1.linux options Terminal have no io.containerd.runc.v2" in out
-    assert "shim_debug of the io.containerd.runtime.v1.linux plugin have no" in out
+    assert "runs /opt/bin/runc-custom: nvshim-runtime runs the low-level runtime" in err
+    assert "io.containerd.runtime.v1.linux options Terminal have no io.containerd.runc.v2" in err
+    assert "shim_debug of the io.containerd.runtime.v1.linux plugin have no" in err
     options = runtime(config)["options"]
     assert options == {"BinaryName": "/usr/bin/nvshim-runtime", "Root": "/run/v1-root",
                        "NoPivotRoot": True}  # fmt: skip

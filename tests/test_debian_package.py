@@ -68,6 +68,11 @@ def package() -> str:
         )
         with open(os.path.join(path, "lintian.txt"), "w") as fh:
             fh.write(lint.stdout)
+        status = subprocess.run(
+            ["git", "-C", src, "status", "--porcelain"], capture_output=True, text=True, check=True
+        )
+        with open(os.path.join(path, "git-status.txt"), "w") as fh:
+            fh.write(status.stdout)
         shutil.rmtree(src)
 
     return cached("deb", {"tree": head_tree(), "bundle": bundle}, build)
@@ -76,6 +81,12 @@ def package() -> str:
 def deb_path(package: str) -> str:
     (deb,) = glob.glob(os.path.join(package, "nvshim_*_amd64.deb"))
     return deb
+
+
+def test_the_documented_build_leaves_the_checkout_clean(package):
+    """What `ln -s packaging/debian debian && dpkg-buildpackage` leaves is all ignored."""
+    with open(os.path.join(package, "git-status.txt")) as fh:
+        assert fh.read() == ""
 
 
 def test_lintian_reports_no_errors_and_the_packaging_notes_list_each_warning(package):

@@ -45,6 +45,7 @@ class SpecRequest:
         """Apply the config's defaults to the options; UsageError on a bad name."""
         from nvshim.cdi.names import validate_class, validate_vendor
         from nvshim.cdi.writer import DEFAULT_NAME_STRATEGIES, format_for
+        from nvshim.host.model import CAPABILITIES
         from nvshim.policy.capabilities import parse_capabilities
 
         vendor = vendor or config.get("policy", "cdi-vendor")
@@ -54,6 +55,11 @@ class SpecRequest:
             validate_class(cls)
         except ValueError as err:
             raise UsageError(str(err)) from None
+        flag_warnings: list[str] = []
+        parse_capabilities(capabilities, "", flag_warnings, source="--capabilities")
+        if flag_warnings:  # a typo in a flag is the caller's to fix, not a warning
+            known = ", ".join(("all",) + CAPABILITIES)
+            raise UsageError(f"{flag_warnings[0]}; known: {known}".replace(" ignored;", ";"))
         cap_warnings: list[str] = []
         caps = parse_capabilities(
             capabilities, config.get("policy", "default-capabilities"), cap_warnings

@@ -107,7 +107,9 @@ def _run(action: Callable, engine: str | None, options: dict[str, Any]) -> None:
     report = action(settings)
     quiet = click.get_current_context().find_root().meta.get("nvshim.quiet", False)
     for line in report.lines:
-        if not quiet or line.startswith("warning:") or (check and report.pending):
+        if line.startswith("warning: "):  # stderr: never inside a diff on stdout
+            click.echo(f"nvshim: {line}", err=True)
+        elif not quiet or (check and report.pending):
             click.echo(line)
     if check and report.pending:
         raise SystemExit(1)

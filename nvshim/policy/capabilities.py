@@ -9,18 +9,19 @@ MAX_VALUE = 4096
 
 
 def parse_capabilities(
-    value: str | None, default: str, warnings: list[str] | None = None
+    value: str | None, default: str, warnings: list[str] | None = None, source: str = VARIABLE
 ) -> tuple[str, ...]:
     """The capabilities ``value`` names, in canonical order (``CAPABILITIES``).
 
     Unset or empty (or only commas and blanks) means ``default``; ``all`` means every
     capability. Names are case-insensitive. Unknown names are ignored and a warning is
-    appended to ``warnings`` when given; if no known name is left, ``default`` applies.
-    A ``default`` that names nothing known falls back to ``utility,compute``.
+    appended to ``warnings`` when given, naming ``source`` (where ``value`` came from); if
+    no known name is left, ``default`` applies. A ``default`` that names nothing known
+    falls back to ``utility,compute``.
     """
     if warnings is None:
         warnings = []
-    names = _names(value, warnings, VARIABLE)
+    names = _names(value, warnings, source)
     if names is None:
         names = _names(default, warnings, "default-capabilities")
         if names is None:

@@ -36,6 +36,8 @@ RPATH_SLOT = "/" + "nvshim-library-slot/" * 12 + "lib"
 STDLIB_SKIP = {
     "__pycache__", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3",
     "site-packages", "dist-packages", "pydoc_data", "EXTERNALLY-MANAGED",
+    # test-only and obsolete extension modules (lib-dynload)
+    "_test*", "_ctypes_test*", "_xxtestfuzz*", "xxlimited*", "ossaudiodev*",
 }  # fmt: skip
 # Loaded by glibc itself with dlopen (thread cancellation), so ldd never lists it.
 DLOPENED = ("libgcc_s.so.1",)

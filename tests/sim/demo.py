@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,7 @@ def nvshim(*args: str) -> None:
     subprocess.run([os.path.join(BIN, "nvshim"), *args], check=True)
 
 
-def served_run(work: str, bin_dir: str, config: str, rootfs: str) -> int:
+def served_run(work: str, bin_dir: str, config: str, rootfs: str, request: str) -> int:
     """The same container once more, with nvshim-runtimed (its own cache directory under
     ``work``) doing nvshim-runtime's work."""
     from tests.runc_util import RUNC_ENV, make_bundle, runc_run, start_daemon
@@ -50,7 +51,7 @@ def served_run(work: str, bin_dir: str, config: str, rootfs: str) -> int:
             os.path.join(work, "runc"),
             rootfs,
             ["/bin/sh", "-c", "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"],
-            env={"NVIDIA_VISIBLE_DEVICES": "0"},
+            env={"NVIDIA_VISIBLE_DEVICES": request},
             name="served",
             capabilities=PRIVILEGED,
         )
@@ -66,6 +67,48 @@ def served_run(work: str, bin_dir: str, config: str, rootfs: str) -> int:
     return proc.returncode
 
 
+def pick_devices(sim) -> tuple[str, str]:
+    """The devices the demo's containers ask for on ``sim``: a whole GPU for podman (a
+    MIG device where every GPU is in MIG mode) and, for runc, the first MIG device where
+    the host has one (``GPU:SLOT``), else that GPU."""
+    whole = mig = None
+    for index, gpu in enumerate(sim.topology["gpus"]):
+        if gpu["mig_devices"]:
+            mig = mig or f"{index}:{min(m['slot'] for m in gpu['mig_devices'])}"
+        else:
+            whole = whole or str(index)
+    return whole or mig, mig or whole
+
+
+def describe(request: str) -> str:
+    return f"MIG device {request}" if ":" in request else f"GPU {request}"
+
+
+def summarize_spec(path: str) -> None:
+    """A few lines on the spec at ``path`` (the whole spec is in the file)."""
+    import yaml
+
+    with open(path) as fh:
+        spec = yaml.safe_load(fh)
+    names = [d["name"] for d in spec.get("devices", [])]
+    common = spec.get("containerEdits", {})
+    shown = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
+    print(f"kind {spec['kind']}, cdiVersion {spec['cdiVersion']}")
+    print(f"devices: {shown}")
+    print(
+        f"common edits: {len(common.get('deviceNodes', []))} device nodes, "
+        f"{len(common.get('mounts', []))} mounts, {len(common.get('hooks', []))} hooks, "
+        f"env {common.get('env', [])}"
+    )
+    print(f"(the whole spec: {path})")
+
+
+def show(command: list[str], env: dict[str, str] | None = None) -> None:
+    """Print ``command`` as a person would type it."""
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    print("$ " + prefix + " ".join(shlex.quote(a) for a in command), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="h100x8-mig", help="shipped simulated host")
@@ -74,8 +117,11 @@ def main() -> int:
     if os.geteuid() != 0:
         print("demo: run as root (the simulated host needs mknod)", file=sys.stderr)
         return 1
+    args.dir = os.path.abspath(args.dir)
     shutil.rmtree(args.dir, ignore_errors=True)
     os.makedirs(args.dir)
+    # every cache and marker nvshim writes stays in the scratch directory
+    os.environ["NVSHIM_CACHE_DIR"] = os.path.join(args.dir, "cache")
     step(f"building the simulated host {args.host!r} in {args.dir}/host")
     sim = build_host(args.host, os.path.join(args.dir, "host"))
     bin_dir = os.path.join(args.dir, "bin")
@@ -100,26 +146,24 @@ def main() -> int:
     os.makedirs(cdi_dir)
     spec = os.path.join(cdi_dir, "nvidia.yaml")
     nvshim("cdi", "generate", "-o", spec)
-    with open(spec) as fh:
-        print(fh.read())
+    summarize_spec(spec)
     nvshim("cdi", "validate", spec)
     nvshim("cdi", "list", "--spec-dir", cdi_dir)
 
     if shutil.which("podman"):
         from tests.podman_util import make_busybox_rootfs, podman_run
 
-        step("podman run --device nvidia.com/gpu=0 (busybox rootfs)")
+        device = f"nvidia.com/gpu={pick_devices(sim)[0]}"
+        step(f"podman run --device {device} (busybox rootfs)")
         rootfs = make_busybox_rootfs(os.path.join(args.dir, "rootfs"))
         script = (
-            "echo '/dev:'; ls /dev | grep nvidia; "
-            "echo 'libcuda:'; ls -l /usr/lib/x86_64-linux-gnu/ | grep libcuda"
+            "echo /dev:; ls /dev | grep nvidia; "
+            "echo libcuda:; ls -l /usr/lib/x86_64-linux-gnu/ | grep libcuda"
         )
-        proc = podman_run(
-            os.path.join(args.dir, "podman"),
-            rootfs,
-            ["--device", "nvidia.com/gpu=0", "--", "/bin/sh", "-c", script],
-            cdi_dir=cdi_dir,
-        )
+        podman_args = ["--device", device, "--", "/bin/sh", "-c", script]
+        show(["podman", "--cdi-spec-dir", cdi_dir, "run", "--rm", "--rootfs", rootfs,
+              *[a for a in podman_args if a != "--"]])  # fmt: skip
+        proc = podman_run(os.path.join(args.dir, "podman"), rootfs, podman_args, cdi_dir=cdi_dir)
         print(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             return proc.returncode
@@ -130,7 +174,8 @@ def main() -> int:
         from tests.podman_util import make_busybox_rootfs
         from tests.runc_util import make_bundle, runc_run
 
-        step("runc through nvshim-runtime, a privileged container asking for MIG device 6:1")
+        request = pick_devices(sim)[1]
+        step(f"runc through nvshim-runtime, a privileged container asking for {describe(request)}")
         work = os.path.join(args.dir, "runc")
         rootfs = make_busybox_rootfs(os.path.join(work, "rootfs"))
         bundle = make_bundle(
@@ -139,26 +184,31 @@ def main() -> int:
             [
                 "/bin/sh",
                 "-c",
-                "ls /dev /dev/nvidia-caps; echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES",
+                "ls /dev | grep nvidia; [ ! -d /dev/nvidia-caps ] || ls /dev/nvidia-caps; "
+                "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES",
             ],
-            env={"NVIDIA_VISIBLE_DEVICES": "6:1"},
+            env={"NVIDIA_VISIBLE_DEVICES": request},
             capabilities=PRIVILEGED,
         )
-        proc = runc_run(
-            bundle,
-            "nvshim-demo",
-            runtime=os.path.join(bin_dir, "nvshim-runtime"),
-            env={"NVSHIM_CONFIG": config},
-        )
+        runtime = os.path.join(bin_dir, "nvshim-runtime")
+        show([runtime, "--root", os.path.join(work, "runc-state"), "run", "--bundle", bundle,
+              "nvshim-demo"])  # fmt: skip
+        env = {"NVSHIM_CONFIG": config, "NVSHIM_CACHE_DIR": os.environ["NVSHIM_CACHE_DIR"]}
+        proc = runc_run(bundle, "nvshim-demo", runtime=runtime, env=env)
         print(proc.stdout + proc.stderr)
         with open(os.path.join(args.dir, "nvshim.log")) as fh:
             print("decision log:\n" + "".join(line for line in fh if "nvshim-runtime" in line))
         if proc.returncode != 0:
             return proc.returncode
-        code = served_run(args.dir, bin_dir, config, rootfs)
+        code = served_run(args.dir, bin_dir, config, rootfs, pick_devices(sim)[0])
         if code != 0:
             return code
     print("\ndemo finished: everything above ran against the simulated host")
+    print(f"everything it wrote is under {args.dir}; next, try:")
+    env = f"NVSHIM_CONFIG={config} NVSHIM_CACHE_DIR={os.environ['NVSHIM_CACHE_DIR']}"
+    for command in ("nvshim info --json", f"nvshim cdi list --spec-dir {cdi_dir}",
+                    "nvshim doctor", "nvshim --help"):  # fmt: skip
+        print(f"  {env} .venv/bin/{command}")
     return 0
 
 

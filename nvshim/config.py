@@ -1,6 +1,7 @@
 """nvshim's own configuration, ``/etc/nvshim/config.toml`` (``NVSHIM_CONFIG`` overrides).
 
-Every key is optional; defaults are safe. Unknown keys produce warnings, not failures.
+Every key is optional; defaults are safe. Unknown keys produce warnings (with the closest
+known name), not failures; a value of the wrong type or outside its choices is an error.
 Only the standard library is used here (``tomllib``) so the runtime and hook can load it
 under ``python -I -S``. The runtime and hook load it for every container, so the parsed
 result is cached (``nvshim.filecache``) keyed by the file's exact text: ``tomllib`` (and
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from nvshim.errors import NvshimError
+from nvshim.errors import NvshimError, did_you_mean
 from nvshim.record import field, record
 from nvshim.runtime import DEFAULT_CONFIG, DEFAULT_RUNTIMES
 
@@ -61,6 +62,16 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "netdev-name": "",
         "move-physical": [],
     },
+}
+
+# keys whose value is one of a fixed set (checked at load, like the types)
+CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("runtime", "log-format"): ("text", "json"),
+    ("runtime", "log-level"): ("debug", "info", "warning", "error"),
+    ("runtime", "log-target"): ("file", "journald"),
+    ("sharing", "mig-strategy"): ("", "none", "single", "mixed"),
+    ("sharing", "on-daemon-down"): ("fail", "warn"),
+    ("pairing", "on-no-nic"): ("fail", "warn"),
 }
 
 
@@ -145,14 +156,20 @@ def parse_config(raw: bytes, path: str) -> Config:
         raise NvshimError(f"{path}: invalid TOML: {err}") from None
     for section, table in data.items():
         if section not in values:
-            warnings.append(f"{path}: unknown section [{section}] ignored")
+            hint = did_you_mean(section, values)
+            warnings.append(f"{path}: unknown section [{section}] ignored{hint}")
             continue
         if not isinstance(table, dict):
             raise NvshimError(f"{path}: [{section}] must be a table")
         for key, value in table.items():
             if key not in values[section]:
-                warnings.append(f"{path}: unknown key {section}.{key} ignored")
+                hint = did_you_mean(key, values[section])
+                warnings.append(f"{path}: unknown key {section}.{key} ignored{hint}")
                 continue
+            choices = CHOICES.get((section, key))
+            if choices and value not in choices:
+                shown = ", ".join(repr(c) for c in choices)
+                raise NvshimError(f"{path}: {section}.{key} must be one of {shown}, got {value!r}")
             want = type(DEFAULTS[section][key])
             if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
                 raise NvshimError(

@@ -17,6 +17,16 @@ def one_line(err: BaseException) -> str:
     return str(err) if isinstance(err, NvshimError) else f"{type(err).__name__}: {err}"
 
 
+def did_you_mean(name: object, known) -> str:
+    """`` (did you mean X?)`` for the known name closest to a misspelt ``name``, or ``""``."""
+    import difflib
+
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 class UsageError(NvshimError):
     """Bad input given on the command line or in a file named on it."""
 

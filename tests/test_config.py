@@ -22,6 +22,7 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
     path.write_text(
         '[host]\ndriver-root = "/run/nvidia/driver"\nbogus = 1\n'
         "[policy]\naccept-env-unprivileged = true\n[extra]\nx = 1\n"
+        '[runtime]\nlog-levle = "debug"\n[sharng]\n'
     )
     config = load_config(str(path))
     assert config.driver_root == "/run/nvidia/driver"
@@ -30,6 +31,8 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
     assert config.warnings == [
         f"{path}: unknown key host.bogus ignored",
         f"{path}: unknown section [extra] ignored",
+        f"{path}: unknown key runtime.log-levle ignored (did you mean log-level?)",
+        f"{path}: unknown section [sharng] ignored (did you mean sharing?)",
     ]
 
 
@@ -44,6 +47,12 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
         ("[runtime]\nruntimes = [1]\n", "runtime.runtimes must be a list of strings"),
         ("[runtime]\nlog-file = true\n", "runtime.log-file must be a str"),
         ('host = "x"\n', "[host] must be a table"),
+        (
+            '[runtime]\nlog-level = "verbose"\n',
+            "runtime.log-level must be one of 'debug', 'info', 'warning', 'error', got 'verbose'",
+        ),
+        ('[sharing]\nmig-strategy = "mixd"\n', "sharing.mig-strategy must be one of"),
+        ('[runtime]\nlog-target = "syslog"\n', "runtime.log-target must be one of 'file'"),
     ],
 )
 def test_bad_config_one_line(tmp_path, text, needle):

@@ -82,7 +82,16 @@ SHAPE_ERRORS = [
         _mps("    - {name: nvidia.com/gpu, rename: amd.com/x, replicas: 2}\n"),
         ["resources[0].rename"],
     ),
-    ("replicas missing", _mps("    - {name: nvidia.com/gpu}\n"), ["resources[0].replicas"]),
+    (
+        "replicas missing",
+        _mps("    - {name: nvidia.com/gpu}\n"),
+        ["resources[0].replicas: missing"],
+    ),
+    (
+        "replicas misspelt",
+        _mps("    - {name: nvidia.com/gpu, replica: 4}\n"),
+        ["replicas: missing", "'replica' is not a key: did you mean replicas?"],
+    ),
     (
         "replicas string",
         _mps("    - {name: nvidia.com/gpu, replicas: '4'}\n"),
@@ -378,7 +387,7 @@ def test_config_show_fails_naming_file_and_key(tmp_path):
     assert 'config-default = "x"' in proc.stdout
     assert proc.stderr == (
         f"nvshim: error: sharing config: {sharing}: sharing.timeSlicing.resources[0].replicas: "
-        "must be an integer, got None\n"
+        "missing: the number of replicas\n"
     )
     sharing.write_text("version: v1\nextra: 1\n")
     proc = run_nvshim("config", "show", env={"NVSHIM_CONFIG": str(config)})
@@ -414,6 +423,6 @@ def test_mig_strategy_key_wins_over_the_file_as_the_plugin_flag_does(tmp_path, s
     _, proc = _info(sim, tmp_path, text, 'mig-strategy = "mixd"\n')
     assert proc.returncode == 1
     assert proc.stderr == (
-        f"nvshim: error: sharing config: {tmp_path / 'config.toml'}: sharing.mig-strategy: "
-        "must be none, single or mixed, got 'mixd'\n"
+        f"nvshim: error: {tmp_path / 'config.toml'}: sharing.mig-strategy must be one of "
+        "'', 'none', 'single', 'mixed', got 'mixd'\n"
     )

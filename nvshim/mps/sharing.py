@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 
-from nvshim.errors import NvshimError
+from nvshim.errors import NvshimError, did_you_mean
 from nvshim.host.model import Gpu, Host, MigDevice
 from nvshim.record import record
 
@@ -141,7 +141,9 @@ def _warn_unknown(path, where, table: dict, allowed, warnings: list[str]) -> Non
     for key in table:
         if key not in allowed:
             at = f"{where}.{key}" if where else str(key)
-            warnings.append(f"{path}: {at}: unknown key ignored (known: {', '.join(allowed)})")
+            hint = did_you_mean(key, allowed).replace(" (", "; ").rstrip(")")
+            known = ", ".join(allowed)
+            warnings.append(f"{path}: {at}: unknown key ignored (known: {known}{hint})")
 
 
 MISSING = object()
@@ -315,6 +317,10 @@ def _parse_resource(path, where, entry: Any, mode: str, by_default: bool, warnin
     else:
         advertised = f"{name}.shared" if by_default else name
     replicas = entry.get("replicas")
+    if replicas is None:
+        misspelt = [k for k in entry if did_you_mean(k, ("replicas",))]
+        hint = f" ({misspelt[0]!r} is not a key: did you mean replicas?)" if misspelt else ""
+        raise _fail(path, f"{where}.replicas", f"missing: the number of replicas{hint}")
     if isinstance(replicas, bool) or not isinstance(replicas, int):
         raise _fail(path, f"{where}.replicas", f"must be an integer, got {_show(replicas)}")
     top = MPS_CLIENTS_VOLTA if mode == "mps" else MAX_TIME_SLICING_REPLICAS
@@ -468,13 +474,8 @@ def config_for(config) -> SharingConfig | None:
     strategy = os.environ.get(STRATEGY_ENV) or config.values["sharing"].get("mig-strategy")
     if sharing is None or not strategy:
         return sharing
-    if strategy not in MIG_STRATEGIES:
-        source = (
-            STRATEGY_ENV
-            if os.environ.get(STRATEGY_ENV)
-            else f"{config.path or 'config'}: sharing.mig-strategy"
-        )
-        raise NvshimError(f"{source}: must be none, single or mixed, got {_show(strategy)}")
+    if strategy not in MIG_STRATEGIES:  # the variable's: the file's is checked at load
+        raise NvshimError(f"{STRATEGY_ENV}: must be none, single or mixed, got {_show(strategy)}")
     from nvshim.record import replace
 
     return replace(sharing, mig_strategy=strategy)

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 AUTO_WORDS = ("paired", "true", "1", "yes", "auto")
 OFF_WORDS = ("", "false", "0", "no", "none")
-ON_NO_NIC = ("fail", "warn")
 SOURCES = ("annotation", "env")
 STEP = "rdma-pair"
 HCA_ENV = "NVSHIM_RDMA_HCAS"
@@ -41,8 +40,6 @@ def settings(config) -> dict:
     cfg = dict(config.values["pairing"])
     where = config.path or "config"
     cfg["worst-affinity"] = parse_level(cfg["worst-affinity"], f"{where}: pairing.worst-affinity")
-    if cfg["on-no-nic"] not in ON_NO_NIC:
-        raise NvshimError(f"{where}: pairing.on-no-nic must be 'fail' or 'warn'")
     for source in cfg["request-sources"]:
         if source not in SOURCES:
             raise NvshimError(f"{where}: pairing.request-sources: unknown source {source!r}")

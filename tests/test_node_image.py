@@ -143,3 +143,27 @@ def test_image_end_to_end(tmp_path, sim_hosts, monkeypatch):
         k: v for k, v in before.items() if v != "dir"
     }
     print(f"installer ready after {ready_after:.1f} s")
+
+
+def test_build_without_its_tools_is_one_line_naming_them(tmp_path):
+    """docs/kubernetes.md's build command on a machine without mmdebstrap: one line naming
+    the package (and the flag that does without it), before any work."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("tar", "podman", "patchelf"):  # everything but mmdebstrap
+        os.symlink(shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin"), bin_dir / tool)
+    proc = subprocess.run(
+        [sys.executable, "packaging/container/build.py", "--save", str(tmp_path / "x.tar")],
+        cwd=REPO, env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        "build: not installed: mmdebstrap (or pass --base-tar ROOT.tar) "
+        "(apt-get install the Debian packages)\n"
+    )
+    assert os.listdir(tmp_path) == ["bin"]

@@ -122,6 +122,15 @@ def _error_line(proc) -> str:
     return lines[0]
 
 
+def test_a_host_without_a_pcie_tree_says_so(sim_hosts):
+    """The simulated hosts without a PCIe tree (their sysfs has only /sys/bus/pci/devices
+    entries, as a minimal host's) get one line saying there is no topology."""
+    host = sim_hosts("h100x8-mig")
+    line = _error_line(topology(host))
+    devices = os.path.join(host.dev_root, "sys/devices")
+    assert line.startswith(f"nvshim: error: GPU 0: no PCIe topology: {devices} has no pci")
+
+
 def test_sysfs_loop_is_one_error_line(broken_host):
     link = os.path.join(broken_host.dev_root, "sys/bus/pci/devices/0000:31:00.0")
     os.unlink(link)

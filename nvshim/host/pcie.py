@@ -91,6 +91,12 @@ def location_of(dev_root: str, link: str, what: str, bdf: str | None = None) -> 
             ) from None
     parts = real.strip("/").split("/")
     problem = _check_parts(parts, bdf)
+    if problem and not _has_pci_tree(dev_root):
+        devices = host_path(dev_root, "/sys/devices")
+        raise TopologyError(
+            f"{what}: no PCIe topology: {devices} has no pci<domain>:<bus> tree "
+            "(a sysfs without the host's device tree, as a simulated or minimal host has)"
+        )
     if problem:
         raise TopologyError(f"{what}: {host_path(dev_root, link)} resolves to {real}: {problem}")
     if not os.path.isdir(host_path(dev_root, real)):
@@ -130,6 +136,16 @@ def _quick_resolve(dev_root: str, path: str, hops: int = 0) -> str | None:
     except OSError:
         return None
     return real if (mine.st_dev, mine.st_ino) == (kernel.st_dev, kernel.st_ino) else None
+
+
+def _has_pci_tree(dev_root: str) -> bool:
+    """Whether the dev root's sysfs has any ``/sys/devices/pci<domain>:<bus>`` tree."""
+    try:
+        return any(
+            name.startswith("pci") for name in os.listdir(host_path(dev_root, "/sys/devices"))
+        )
+    except OSError:
+        return False
 
 
 def _check_parts(parts: list[str], bdf: str | None) -> str | None:

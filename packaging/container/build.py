@@ -36,6 +36,20 @@ LABELS = {
 }
 
 
+def missing_tools(args) -> list[str]:
+    """The tools this build needs that are not on PATH, each with where it comes from."""
+    needed = {"tar": "tar"}
+    if not args.import_only:
+        if not args.base_tar:
+            needed["mmdebstrap"] = "mmdebstrap (or pass --base-tar ROOT.tar)"
+        if not args.bundle:
+            needed["patchelf"] = "patchelf (or pass --bundle DIR)"
+    if not args.no_import:
+        needed["podman"] = "podman"
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    return [what for tool, what in needed.items() if not shutil.which(tool, path=path)]
+
+
 def run(*cmd: str) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -100,6 +114,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.no_import and not args.rootfs_tar:
         parser.error("--no-import needs --rootfs-tar")
+    missing = missing_tools(args)
+    if missing:
+        sys.exit(
+            f"build: not installed: {', '.join(missing)} (apt-get install the Debian packages)"
+        )
     with tempfile.TemporaryDirectory(prefix="nvshim-image-") as work:
         tar = args.import_only or rootfs_tar(args, work)
         if args.no_import:

@@ -174,6 +174,33 @@ def check_prefix(root: str, prefix: str) -> None:
     _final_paths(root, prefix)
 
 
+def write_unplaced_launcher(root: str) -> str:
+    """Make ``root/bin/nvshim`` an sh launcher that finds the bundle from its own path and
+    starts the interpreter through the bundle's own loader, so a bundle that is not
+    installed yet runs from wherever it was built or unpacked (``nvshim install`` then
+    writes launchers naming the final prefix). Isolated (``-I -S``) as every launcher."""
+    import shlex
+
+    from nvshim.fsutil import atomic_write
+    from nvshim.launch import CLI_LAUNCHER, python_code
+
+    (module,) = CLI_LAUNCHER.values()
+    code = python_code(module, [SITE], argv0=True, under_prefix=True)
+    loader = read_marker(root)["loader"]
+    text = (
+        "#!/bin/sh\n"
+        "# nvshim's host bundle, not installed yet: runs from wherever it is; `nvshim install`\n"
+        "# places it and writes launchers that name the final prefix.\n"
+        'self=$(readlink -f -- "$0") || exit 127\n'
+        "root=${self%/bin/*}\n"
+        f'exec "$root/lib/{loader}" --library-path "$root/lib" "$root/{INTERPRETER}" -I -S \\\n'
+        f'    -c {shlex.quote(code)} "$0" "$@"\n'
+    )
+    path = os.path.join(root, "bin", "nvshim")
+    atomic_write(path, text.encode(), mode=0o755, backup=False)
+    return path
+
+
 def relocate(root: str, prefix: str) -> list[str]:
     """Make the bundle tree at ``root`` run from ``prefix`` (its final host path).
 

@@ -51,12 +51,20 @@ def python_code(
     argv0: bool = False,
     cache_dir: str | None = None,
     entry: str = "main",
+    under_prefix: bool = False,
 ) -> str:
     """Python source that runs ``module.entry()`` with ``roots`` on ``sys.path`` and exits
     with its status. ``argv0``: run as ``-c CODE PROGRAM ARGS`` (the sh front), where
     ``PROGRAM`` becomes ``sys.argv[0]``. ``cache_dir``: the cache directory when
-    ``NVSHIM_CACHE_DIR`` is not set (before anything reads the environment)."""
+    ``NVSHIM_CACHE_DIR`` is not set (before anything reads the environment).
+    ``under_prefix``: ``roots`` are relative to the interpreter's ``sys.prefix`` (a host
+    bundle that runs from wherever it was unpacked)."""
     path = import_roots() if roots is None else list(roots)
+    extend = (
+        f"sys.path.extend([sys.prefix + '/' + root for root in {path!r}])\n"
+        if under_prefix
+        else f"sys.path.extend({path!r})\n"
+    )
     default = (
         f"import posix\nposix.environ.setdefault(b'NVSHIM_CACHE_DIR', {os.fsencode(cache_dir)!r})\n"
         if cache_dir
@@ -67,8 +75,8 @@ def python_code(
         + default
         + ("sys.argv[0:2] = sys.argv[1:2]\n" if argv0 else "")
         + "# after the standard library: nothing here can shadow one of its modules\n"
-        f"sys.path.extend({path!r})\n"
-        f"from {module} import {entry}\n"
+        + extend
+        + f"from {module} import {entry}\n"
         f"code = {entry}() or 0\n"
         "for stream in (sys.stdout, sys.stderr):\n"
         "    try:\n"

@@ -205,3 +205,31 @@ def test_bundle_ships_no_test_only_modules(bundle):
     for module in ("_testcapi", "_testbuffer", "_xxtestfuzz", "ossaudiodev", "xxlimited"):
         assert module not in shipped
     assert {"_ssl", "_ctypes", "_json"} <= shipped  # what nvshim does import is still there
+
+
+def test_an_unpacked_bundle_runs_from_anywhere_until_installed(bundle, tmp_path):
+    """docs/install.md's staged install, run as written from a bundle that is not where
+    it was built (unpacked elsewhere): its `nvshim` finds itself; the installed launchers
+    then name the final prefix."""
+    import shlex
+    import shutil
+
+    from tests.conftest import REPO
+
+    moved = tmp_path / "unpacked" / "nvshim-bundle"
+    shutil.copytree(bundle, moved, symlinks=True)
+    with open(os.path.join(REPO, "docs", "install.md")) as fh:
+        (line,) = [ln for ln in fh if ln.startswith("/tmp/nvshim-bundle/bin/nvshim install --root")]
+    argv = shlex.split(line.replace("/tmp/nvshim-bundle", str(moved)))
+    argv = [a.replace("/tmp/stage", str(tmp_path / "stage")) for a in argv]
+    evil = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path), "PYTHONHOME": str(tmp_path)}
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd="/", env=evil)
+    assert proc.returncode == 0, proc.stderr
+    prefix = tmp_path / "stage" / "usr" / "lib" / "nvshim"
+    shebang = (prefix / "bin" / "nvshim").read_text().splitlines()[0]
+    assert shebang == "#!/usr/lib/nvshim/bin/python3 -IS"
+    # through a link elsewhere too (readlink -f), with the hostile environment
+    os.symlink(moved / "bin" / "nvshim", tmp_path / "nvshim")
+    proc = subprocess.run([str(tmp_path / "nvshim"), "--version"], capture_output=True,
+                          text=True, cwd=tmp_path, env=evil)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.startswith("nvshim, version "), proc.stderr

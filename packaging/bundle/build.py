@@ -27,7 +27,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from nvshim import __version__  # noqa: E402
-from nvshim.bundle import INTERPRETER, MARKER, SITE, relocate, rpath_slot, tree_digest  # noqa: E402
+from nvshim.bundle import (  # noqa: E402
+    INTERPRETER,
+    MARKER,
+    SITE,
+    relocate,
+    rpath_slot,
+    tree_digest,
+    write_unplaced_launcher,
+)
 
 # Room for any prefix: relocate() writes the real loader and library paths into these.
 INTERP_SLOT = "/" + "nvshim-loader-slot/" * 12 + "ld.so"
@@ -175,6 +183,7 @@ def build(out: str, prefix: str, python: str) -> None:
         json.dump(marker, fh, indent=2, sort_keys=True)
         fh.write("\n")
     relocate(work, prefix)
+    write_unplaced_launcher(work)  # bin/nvshim runs from wherever the bundle is
     shutil.rmtree(out, ignore_errors=True)
     os.rename(work, out)
 

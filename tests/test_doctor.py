@@ -473,3 +473,15 @@ def test_missing_ld_cache_warns_driver(nodes):
         f"{cache}: not found; searching the standard library directories",
     )
     assert code == 0
+
+
+def test_every_check_is_in_the_node_health_table():
+    """docs/node-health.md's table names each registered check, in report order."""
+    import re
+
+    from nvshim.doctor import load_checks
+    from tests.conftest import REPO
+
+    with open(f"{REPO}/docs/node-health.md") as fh:
+        documented = re.findall(r"^\| `([a-z-]+)` \|", fh.read(), re.M)
+    assert documented == list(load_checks())

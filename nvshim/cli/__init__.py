@@ -58,8 +58,8 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nvshim")
-@click.option("-d", "--debug", is_flag=True, hidden=True, help="Tracebacks on internal errors.")
-@click.option("--quiet", is_flag=True, hidden=True, help="Print warnings and errors only.")
+@click.option("-d", "--debug", is_flag=True, help="Tracebacks on internal errors.")
+@click.option("--quiet", is_flag=True, help="Print warnings and errors only.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """nvshim: give containers exactly the GPUs they were given, and nothing more."""

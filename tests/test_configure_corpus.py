@@ -43,8 +43,27 @@ def configure(case: Case, root: Path, capsys, monkeypatch, *extra: str) -> str:
 
 
 def unconfigure(case: Case, root: Path, capsys, *extra: str) -> str:
-    args = [a for a in case.cli_args(root) if a not in ("--set-as-default", "--enable-cdi")]
-    return run(capsys, "unconfigure", *args, *extra)
+    return run(capsys, "unconfigure", *unconfigure_args(case.cli_args(root)), *extra)
+
+
+def unconfigure_args(args: list[str]) -> list[str]:
+    """``args`` without configure's own options (unconfigure refuses them)."""
+    from nvshim.cli.configure import unconfigure as command
+
+    takes_value = {o: not p.is_flag for p in command.params for o in p.opts + p.secondary_opts}
+    kept, rest = [], list(args)
+    while rest:
+        arg = rest.pop(0)
+        name = arg.split("=", 1)[0]
+        value = [] if "=" in arg or name not in takes_value or not takes_value[name] else [rest[0]]
+        if name not in takes_value:  # configure's: drop its value too, when it has one
+            if "=" not in arg and rest and not rest[0].startswith("--"):
+                rest.pop(0)
+            continue
+        kept.append(arg)
+        kept += value
+        del rest[: len(value)]
+    return kept
 
 
 def written(case: Case, root: Path) -> dict[str, bytes]:

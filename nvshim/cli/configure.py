@@ -18,79 +18,95 @@ ALIASES = {  # nvidia-ctk option -> nvshim option
 }
 
 
-def _engine_options(func: Callable) -> Callable:
+# options unconfigure has too: those that find nvshim's entry and make the engine reload
+_BOTH = True
+
+
+def _engine_options(configure: bool) -> Callable[[Callable], Callable]:
+    """The options of ``configure`` (all) or ``unconfigure`` (those marked ``_BOTH``)."""
     options = [
-        click.option(
+        (_BOTH, click.option(
             "--runtime",
             "engine",
             type=click.Choice(ENGINES),
             help="Container engine to configure [env NVSHIM_ENGINE].",
-        ),
-        click.option(
+        )),
+        (_BOTH, click.option(
             "--config",
             help="Engine config file [containerd /etc/containerd/config.toml, docker"
             " /etc/docker/daemon.json, crio /etc/crio/crio.conf.d/99-nvshim.toml].",
-        ),
-        click.option(
+        )),
+        (_BOTH, click.option(
             "--drop-in",
             help="containerd 2.1+: put the settings in this file and import it.",
-        ),
-        click.option("--runtime-name", help="Runtime (handler) name [nvshim]."),
-        click.option("--runtime-path", help="nvshim-runtime binary [/usr/bin/nvshim-runtime]."),
-        click.option(
+        )),
+        (_BOTH, click.option("--runtime-name", help="Runtime (handler) name [nvshim].")),
+        (_BOTH, click.option(
+            "--runtime-path", help="nvshim-runtime binary [/usr/bin/nvshim-runtime]."
+        )),
+        (False, click.option(
             "--set-as-default/--no-set-as-default",
             default=None,
             help="Make it the engine's default runtime.",
-        ),
-        click.option(
+        )),
+        (False, click.option(
             "--enable-cdi/--no-enable-cdi", default=None, help="Turn on CDI in the engine."
-        ),
-        click.option("--dry-run", is_flag=True, help="Print a unified diff; write nothing."),
-        click.option(
+        )),
+        (_BOTH, click.option(
+            "--dry-run", is_flag=True, help="Print a unified diff; write nothing."
+        )),
+        (_BOTH, click.option(
             "--restart",
             type=click.Choice(RESTART_MODES),
             help="How to make the engine reload: none, signal (SIGHUP the socket's owner)"
             " or systemd [none].",
-        ),
-        click.option("--socket", help="Engine socket for --restart signal."),
-        click.option(
+        )),
+        (_BOTH, click.option("--socket", help="Engine socket for --restart signal.")),
+        (False, click.option(
             "--config-source",
             help="Where to read the default runtime's settings from: command (containerd"
             " config dump), file, or both in order [file; env RUNTIME_CONFIG_SOURCES].",
-        ),
-        click.option(
+        )),
+        (False, click.option(
             "--runtime-config-override",
             metavar="JSON",
             help="JSON object merged into the runtime's options, e.g."
             " '{\"SystemdCgroup\": true}' [env RUNTIME_CONFIG_OVERRIDE].",
-        ),
-        click.option(
+        )),
+        (False, click.option(
             "--take-over/--no-take-over",
             default=None,
             help="Re-point an existing entry of --runtime-name that runs"
             " nvidia-container-runtime at nvshim (unconfigure gives it back).",
-        ),
-        click.option(
+        )),
+        (_BOTH, click.option(
             "--check",
             is_flag=True,
             help="Write nothing; exit 1 when a change is pending (drift), 0 when not.",
-        ),
-        click.option("--containerd-version", hidden=True),
-        click.option("--cgroup-driver", type=click.Choice(CGROUP_DRIVERS), hidden=True),
+        )),
+        (_BOTH, click.option("--containerd-version", hidden=True)),
+        (_BOTH, click.option("--cgroup-driver", type=click.Choice(CGROUP_DRIVERS), hidden=True)),
         # nvidia-ctk's spellings of the same options
-        click.option("--nvidia-runtime-name", "alias_runtime_name", hidden=True),
-        click.option(
+        (_BOTH, click.option("--nvidia-runtime-name", "alias_runtime_name", hidden=True)),
+        (False, click.option(
             "--nvidia-set-as-default/--no-nvidia-set-as-default",
             "alias_set_as_default",
             default=None,
             hidden=True,
-        ),
-        click.option("--cdi.enabled", "alias_enable_cdi", is_flag=True, default=None, hidden=True),
-        click.option("--drop-in-config", "alias_drop_in", hidden=True),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+        )),
+        (False, click.option(
+            "--cdi.enabled", "alias_enable_cdi", is_flag=True, default=None, hidden=True
+        )),
+        (_BOTH, click.option("--drop-in-config", "alias_drop_in", hidden=True)),
+    ]  # fmt: skip
+
+    def decorate(func: Callable) -> Callable:
+        for both, option in reversed(options):
+            if configure or both:
+                func = option(func)
+        return func
+
+    return decorate
 
 
 def _run(action: Callable, engine: str | None, options: dict[str, Any]) -> None:
@@ -116,7 +132,7 @@ def _run(action: Callable, engine: str | None, options: dict[str, Any]) -> None:
 
 
 @click.command()
-@_engine_options
+@_engine_options(configure=True)
 def configure(engine: str | None, **options: Any) -> None:
     """Register the nvshim runtime with containerd, Docker or CRI-O."""
     from nvshim.engines.apply import configure as do_configure
@@ -125,7 +141,7 @@ def configure(engine: str | None, **options: Any) -> None:
 
 
 @click.command()
-@_engine_options
+@_engine_options(configure=False)
 def unconfigure(engine: str | None, **options: Any) -> None:
     """Remove what `nvshim configure` added (the original file when nothing else changed)."""
     from nvshim.engines.apply import unconfigure as do_unconfigure

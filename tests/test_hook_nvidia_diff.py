@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+from nvshim.hook.appprofile import PROFILE_FILE as PROFILE
 from nvshim.ldcache import parse_ld_cache
 from tests.compat_util import build_compat_library
 from tests.nvidia_toolkit import toolkit_binary
@@ -243,9 +244,7 @@ def test_update_application_profile(launchers, twins):
         os.symlink("nvidia3", os.path.join(dev, "nvidia5"))
         open(os.path.join(dev, "nvidia7"), "w").close()
     both_ok(*run_pair(launchers, twins, ["update-application-profile"]))
-    profile = os.path.join(
-        ours.root, "etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"
-    )
+    profile = os.path.join(ours.root, PROFILE.lstrip("/"))
     with open(profile, encoding="utf-8") as fh:
         assert '"EGLVisibleDGPUDevices",0x9]' in fh.read()
     assert_same(twins)

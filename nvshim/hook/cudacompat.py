@@ -17,7 +17,6 @@ read fd-based inside the root; nothing in it is executed.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import struct
@@ -131,6 +130,8 @@ def read_note(fd: int) -> CompatNote | None:
 
 
 def _parse_note(desc: bytes) -> CompatNote | None:
+    import json  # only for an image with a noted compat library: json costs ~3 ms
+
     try:
         value = json.loads(desc)
     except (ValueError, UnicodeDecodeError):
@@ -291,3 +292,41 @@ def enabled_folders(root: RootFS) -> list[str]:
             except RootPathError:
                 continue
     return folders
+
+
+def in_image(rootfs: str, host_driver: str, host_cuda: str = "", folder: str | None = None):
+    """``compat_for`` on the image root at host path ``rootfs`` (before the container
+    exists: the runtime's create, a createRuntime hook). None when it cannot be opened."""
+    try:
+        root = RootFS(rootfs)
+    except OSError:
+        return None
+    with root:
+        return compat_for(root, host_driver, host_cuda, folder or DEFAULT_FOLDER)
+
+
+def for_hooks(rootfs: str, hooks) -> CompatLibrary | None:
+    """The compat library the ``nvshim-hook enable-cuda-compat`` entry among ``hooks``
+    will enable in the image at ``rootfs`` (None: no such entry, or not used)."""
+    from nvshim.hook.steps import finishing_steps
+
+    steps, _ = finishing_steps(hooks)
+    for step in steps:
+        if step.command == "enable-cuda-compat":
+            return in_image(
+                rootfs,
+                step.host_driver_version or "",
+                step.host_cuda_version or "",
+                step.cuda_compat_container_root,
+            )
+    return None
+
+
+def judged_versions(found: CompatLibrary | None, driver: str, cuda: str) -> tuple[str, str]:
+    """(driver, CUDA) versions a container's ``NVIDIA_REQUIRE_*`` are judged against:
+    the compat library's when it is used (its note's CUDA version, else derived from its
+    driver version), else the host's."""
+    if found is None:
+        return driver, cuda
+    wanted = found.note.cuda_version if found.note is not None else ""
+    return found.version, wanted if parse_version(wanted) is not None else ""

@@ -15,7 +15,7 @@ from nvshim.hook.cudacompat import CONF_FILE
 from nvshim.ldcache import parse_ld_cache
 from tests.compat_util import build_compat_library
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import make_bundle, read_log, runc_run
+from tests.runc_util import make_bundle, read_log, run_hook_direct, runc_run, write_hook_config
 from tests.test_runtime_finish import Creates
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runc needs root")
@@ -115,3 +115,21 @@ def test_run_with_the_hook_uses_the_compat_library(creates, tmp_path):
     run = runc_run(bundle, f"compat-run-{os.getpid()}", runtime=creates.runtime, env=creates.env())
     assert run.returncode == 0, run.stderr
     assert libcuda(rootfs) == f"{COMPAT}/libcuda.so.1"
+
+
+@pytest.mark.parametrize("compat, ok", [(NEWER, True), (OLDER, False)], ids=["newer", "older"])
+def test_claim_require_check_judges_the_compat_driver(tmp_path, launchers, compat, ok):
+    """A DRA claim spec's createRuntime ``require-check`` (host facts in its flags)."""
+    config, log = write_hook_config(tmp_path / "cfg")
+    rootfs = image(tmp_path, "rootfs", compat)
+    env = {"NVIDIA_VISIBLE_DEVICES": "void", "NVIDIA_REQUIRE_CUDA": "cuda>=12.8"}
+    bundle = make_bundle(tmp_path, rootfs, ["/bin/true"], env=env)
+    argv = [f"{launchers}/nvshim-hook", "require-check", "--config", config]
+    argv += ["--cuda", "12.4", "--driver", "550.90.12", "--device", "9.0:nvidia"]
+    got = run_hook_direct(argv, bundle, private_ns=False)
+    assert (got.returncode == 0) == ok, got.stderr
+    (record,) = read_log(log)
+    if ok:
+        assert record["cuda_compat"] == NEWER[0]
+    else:
+        assert "requirement not met" in got.stderr and "cuda_compat" not in record

@@ -53,7 +53,16 @@ def _host_ldcache(args: HookArgs, ctx: Context) -> None:
     if ctx.ldconfig_fd is None:
         from nvshim.hook.ldconfig import open_host_ldconfig
 
-        ctx.ldconfig_fd = open_host_ldconfig(args.ldconfig)
+        ctx.ldconfig_fd = open_host_ldconfig(real_ldconfig(args.ldconfig))
+
+
+def real_ldconfig(path: str | None) -> str | None:
+    """NVIDIA's rule for a given ldconfig: ``PATH.real`` when it exists (hosts where
+    ``/sbin/ldconfig`` is a wrapper script around it)."""
+    if not path:
+        return path
+    base = path.removesuffix(".real")
+    return base + ".real" if os.path.exists(base + ".real") else base
 
 
 def _host_params(args: HookArgs, ctx: Context) -> None:

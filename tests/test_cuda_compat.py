@@ -13,11 +13,13 @@ import pytest
 
 from nvshim.hook.cudacompat import CONF_FILE
 from nvshim.ldcache import parse_ld_cache
+from tests import test_hook_standalone as standalone
 from tests.compat_util import build_compat_library
-from tests.podman_util import make_busybox_rootfs
+from tests.podman_util import make_busybox_rootfs, podman_run
 from tests.runc_util import make_bundle, read_log, run_hook_direct, runc_run, write_hook_config
 from tests.test_runtime_finish import Creates
 
+gpu_host = standalone.gpu_host  # the fixture: the single-GPU host, inventory cached
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runc needs root")
 
 COMPAT = "/usr/local/cuda/compat"
@@ -133,3 +135,42 @@ def test_claim_require_check_judges_the_compat_driver(tmp_path, launchers, compa
         assert record["cuda_compat"] == NEWER[0]
     else:
         assert "requirement not met" in got.stderr and "cuda_compat" not in record
+
+
+@pytest.mark.parametrize("compat, used", [(NEWER, True), (OLDER, False)], ids=["newer", "older"])
+def test_the_cdi_spec_applies_it_in_podman(sim_hosts, launchers, tmp_path, compat, used):
+    """The CDI sink: ``nvshim cdi generate``'s spec, run by podman's own CDI support."""
+    from tests.test_cdi_generate import generate_for_podman
+
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    generate_for_podman(sim_hosts("h100x8-mig"), cdi_dir / "nvidia.yaml", launchers, tmp_path)
+    rootfs = image(tmp_path, "rootfs", compat)
+    proc = podman_run(
+        tmp_path, rootfs, ["--device", "nvidia.com/gpu=0", "--", "/bin/true"], cdi_dir=str(cdi_dir)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    want = f"{COMPAT}/libcuda.so.1" if used else "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    assert libcuda(rootfs) == want
+
+
+@pytest.mark.parametrize("compat, ok", [(NEWER, True), (OLDER, False)], ids=["newer", "older"])
+def test_the_prestart_hook_judges_and_applies_it(tmp_path, launchers, gpu_host, compat, ok):
+    """The standalone sink: ``nvshim-hook prestart`` from a runc prestart entry."""
+    from nvshim.hook.entries import hook_entry
+
+    rootfs = image(tmp_path, "rootfs", compat)
+    config, log = standalone._config(tmp_path, gpu_host)
+    entry = hook_entry(f"{launchers}/nvshim-hook", "prestart", "prestart", "--config", config)
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.8"}
+    admin = ["CAP_SYS_ADMIN", "CAP_KILL", "CAP_AUDIT_WRITE"]  # privileged: env honoured
+    bundle = make_bundle(
+        tmp_path, rootfs, ["/bin/true"], env=env, hooks=[entry], capabilities=admin
+    )
+    run = runc_run(bundle, f"compat-prestart-{os.getpid()}-{ok}")
+    (record,) = read_log(log)
+    if ok:
+        assert run.returncode == 0, run.stderr
+        assert record["cuda_compat"] == NEWER[0] and libcuda(rootfs) == f"{COMPAT}/libcuda.so.1"
+    else:
+        assert run.returncode != 0 and "requirement not met" in record["error"]

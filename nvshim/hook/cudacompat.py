@@ -192,24 +192,36 @@ def find_library(root: RootFS, folder: str) -> CompatLibrary | None:
         ]
         if len(names) != 1:
             return None
-        try:
-            fd = os.open(
-                names[0], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
-            )
-        except OSError:
+        fd = _open_regular(dfd, names[0])
+        if fd is None:
             return None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            try:
-                note = read_note(fd)
-            except (OSError, struct.error):
-                note = None
+            note = read_note(fd)
+        except (OSError, struct.error):
+            note = None
         finally:
             os.close(fd)
         return CompatLibrary(_in_root(root, dfd, folder), names[0][len(PREFIX) :], note)
     finally:
         os.close(dfd)
+
+
+def _open_regular(dfd: int, name: str) -> int | None:
+    """``name`` in ``dfd`` opened for reading only if it is a regular file: identified
+    through an O_PATH descriptor, then reopened through that very descriptor, so a FIFO
+    or device node swapped in is never opened."""
+    try:
+        path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(path_fd).st_mode):
+            return None
+        return os.open(f"self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=kernel.host_proc())
+    except OSError:
+        return None
+    finally:
+        os.close(path_fd)
 
 
 def _regular(dfd: int, name: str) -> bool:

@@ -174,3 +174,19 @@ def test_the_prestart_hook_judges_and_applies_it(tmp_path, launchers, gpu_host, 
         assert record["cuda_compat"] == NEWER[0] and libcuda(rootfs) == f"{COMPAT}/libcuda.so.1"
     else:
         assert run.returncode != 0 and "requirement not met" in record["error"]
+
+
+def test_create_names_the_resolved_folder_as_nvidia_does(creates, tmp_path):
+    """CUDA images link /usr/local/cuda to cuda-12.x: the drop-in names the folder as
+    resolved inside the root, also from inside the pivoted container (the runtime's
+    steps run after runc create)."""
+    rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+    build_compat_library(rootfs, *NEWER, folder="usr/local/cuda-12.8/compat")
+    os.symlink("cuda-12.8", os.path.join(rootfs, "usr/local/cuda"))
+    cid = f"compat-link-{os.getpid()}"
+    code, output = create(creates, rootfs, cid, "cuda>=12.8")
+    assert code == 0, output
+    creates.start_and_wait(cid)
+    with open(os.path.join(rootfs, CONF_FILE.lstrip("/"))) as fh:
+        assert fh.read() == "/usr/local/cuda-12.8/compat\n"
+    assert libcuda(rootfs) == "/usr/local/cuda-12.8/compat/libcuda.so.1"

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from nvshim.errors import NvshimError
+from nvshim.hook import ldconfig
 from nvshim.hook.args import parse_args
 from nvshim.hook.steps import real_ldconfig
 from tests.nvidia_toolkit import toolkit_binary
@@ -57,14 +58,17 @@ def test_an_unknown_hook_name_fails_closed():
         parse_args(["hook", "future-hook"])
 
 
-def test_real_ldconfig_rule(tmp_path):
+def test_real_ldconfig_rule(tmp_path, monkeypatch):
     plain = tmp_path / "ldconfig"
     plain.write_text("")
     assert real_ldconfig(str(plain)) == str(plain)
     (tmp_path / "ldconfig.real").write_text("")
     assert real_ldconfig(str(plain)) == str(plain) + ".real"
     assert real_ldconfig(str(plain) + ".real") == str(plain) + ".real"
-    assert real_ldconfig(None) is None
+    monkeypatch.setattr(ldconfig, "HOST_LDCONFIG", (str(tmp_path / "none"), str(plain)))
+    assert real_ldconfig(None) == str(plain) + ".real"  # the first default with one
+    monkeypatch.setattr(ldconfig, "HOST_LDCONFIG", (str(tmp_path / "none"),))
+    assert real_ldconfig(None) is None  # the defaults as they are
 
 
 def test_container_spec_file_instead_of_stdin(tmp_path, launchers):

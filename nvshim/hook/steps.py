@@ -57,10 +57,14 @@ def _host_ldcache(args: HookArgs, ctx: Context) -> None:
 
 
 def real_ldconfig(path: str | None) -> str | None:
-    """NVIDIA's rule for a given ldconfig: ``PATH.real`` when it exists (hosts where
-    ``/sbin/ldconfig`` is a wrapper script around it)."""
+    """NVIDIA's rule for the host's ldconfig: ``PATH.real`` when it exists (hosts such as
+    Ubuntu, where ``/sbin/ldconfig`` is a wrapper script around it). Without ``path``: the
+    first default with a ``.real`` beside it, else None (the defaults, in order)."""
     if not path:
-        return path
+        from nvshim.hook.ldconfig import HOST_LDCONFIG
+
+        real = (c + ".real" for c in HOST_LDCONFIG if os.path.exists(c + ".real"))
+        return next(real, None)
     base = path.removesuffix(".real")
     return base + ".real" if os.path.exists(base + ".real") else base
 

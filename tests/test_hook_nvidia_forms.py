@@ -15,7 +15,13 @@ from nvshim.hook.args import parse_args
 from nvshim.hook.steps import real_ldconfig
 from tests.nvidia_toolkit import toolkit_binary
 from tests.podman_util import make_busybox_rootfs
-from tests.runc_util import HOOK_TEST_ENV, make_bundle, run_hook_direct, write_hook_config
+from tests.runc_util import (
+    HOOK_TEST_ENV,
+    make_bundle,
+    read_log,
+    run_hook_direct,
+    write_hook_config,
+)
 
 
 @pytest.mark.parametrize(
@@ -104,3 +110,20 @@ def test_chmod_never_follows_a_link_out_of_the_root(tmp_path, launchers):
     theirs = run_hook_direct([toolkit_binary("nvidia-cdi-hook"), *line], bundle)
     assert theirs.returncode == 0, theirs.stderr
     assert os.stat(canary).st_mode & 0o7777 == 0o755  # the reference's escape
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hooks run as root")
+def test_enable_cuda_compat_writes_nothing_to_an_image_without_compat(tmp_path, launchers):
+    """Every GPU container runs the step: on a read-only root without compat libraries
+    (and without nvshim's drop-in) it succeeds, writes nothing and says so."""
+    config, log = write_hook_config(tmp_path / "cfg")
+    rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+    os.makedirs(os.path.join(rootfs, "etc/ld.so.conf.d"))
+    bundle = make_bundle(tmp_path, rootfs, ["true"])
+    readonly = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    argv = ["/bin/sh", "-c", readonly, rootfs, f"{launchers}/nvshim-hook", "--config", config]
+    got = run_hook_direct([*argv, "enable-cuda-compat", "--host-driver-version=550.90.12"], bundle)
+    assert got.returncode == 0, got.stderr
+    (record,) = read_log(log)
+    assert record["cuda_compat"] == "not-used"
+    assert os.listdir(os.path.join(rootfs, "etc/ld.so.conf.d")) == []

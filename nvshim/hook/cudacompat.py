@@ -291,7 +291,8 @@ def _remove(root: RootFS, path: str) -> None:
         pfd, name = root.parent(path, create=False)
     except (FileNotFoundError, NotADirectoryError):
         return
-    try:
+    try:  # looked at first: an unlink on a read-only root fails even for a missing file
+        os.stat(name, dir_fd=pfd, follow_symlinks=False)
         os.unlink(name, dir_fd=pfd)
     except FileNotFoundError:
         pass

@@ -14,6 +14,8 @@ import subprocess
 import pytest
 import yaml
 
+from nvshim.edits import Hook
+from nvshim.hook.steps import finishing_steps
 from tests.compat_util import build_compat_library
 from tests.nvidia_toolkit import toolkit_binary
 from tests.podman_util import make_busybox_rootfs, podman_run
@@ -79,6 +81,9 @@ def test_nvidia_spec_runs_with_nvshim_hook_as_with_nvidia_cdi_hook(
     skip = 2 if name == "nvidia-ctk" else 1
     assert all(h[:skip] == ([name, "hook"] if skip == 2 else [name]) for h in hooks)
     assert {"enable-cuda-compat", "update-application-profile"} <= {h[skip] for h in hooks}
+    if name == "nvshim-hook":  # lines nvshim-runtime can run in process, every one of them
+        steps, others = finishing_steps([Hook("createContainer", "x", tuple(h)) for h in hooks])
+        assert others == [] and [s.command for s in steps] == [h[1] for h in hooks]
     theirs = tmp_path / "theirs"
     nvidia_spec(sim, toolkit_binary("nvidia-cdi-hook"), theirs / "cdi")
 

@@ -1,4 +1,9 @@
-"""``create-symlinks``: SONAME and ``libcuda.so`` links inside the container root."""
+"""``create-symlinks``: SONAME and ``libcuda.so`` links inside the container root.
+
+As NVIDIA's hook: an identical link is left as it is, anything else at LINK (another
+link, a file) is replaced atomically (a new link under a temporary name, renamed over
+it in the parent's fd); a directory there is an error.
+"""
 
 from __future__ import annotations
 
@@ -19,17 +24,21 @@ def parse_link(spec: str) -> tuple[str, str]:
 
 def create_symlinks(root: RootFS, specs: list[str]) -> dict[str, str]:
     """Create each ``TARGET::LINK`` (missing parents made); identical links are fine and
-    other files already at LINK are left alone. Returns log fields."""
+    other files already at LINK are replaced. Returns log fields."""
     links = [parse_link(s) for s in specs]
-    outcome: dict[str, list[str]] = {"created": [], "exists": [], "kept": []}
+    outcome: dict[str, list[str]] = {"created": [], "exists": [], "replaced": []}
     for target, link in links:
         try:
-            outcome[root.symlink(target, link)].append(link)
+            kind = root.symlink(target, link)
+            if kind == "kept":
+                root.replace_symlink(target, link)
+                kind = "replaced"
+            outcome[kind].append(link)
         except (OSError, RootPathError) as err:
             raise NvshimError(f"--link {target}::{link}: {_reason(err)}") from None
     fields = {"links_created": len(outcome["created"]), "links_existing": len(outcome["exists"])}
-    if outcome["kept"]:
-        fields["links_kept_other_file"] = ",".join(outcome["kept"])
+    if outcome["replaced"]:
+        fields["links_replaced"] = ",".join(outcome["replaced"])
     return fields
 
 

@@ -143,7 +143,7 @@ class HelpRequested(Exception):
 
 
 def _usage_error(message: str) -> NvshimError:
-    return NvshimError(f"{TOOL}: {message}", exit_code=2)
+    return NvshimError(message, exit_code=2)
 
 
 def parse_args(argv: list[str]) -> HookArgs:

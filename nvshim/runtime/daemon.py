@@ -43,7 +43,6 @@ import pkgutil
 import select
 import signal
 import socket
-import stat
 import sys
 import time
 from collections.abc import Callable
@@ -751,39 +750,35 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
 
 
 def check_cache_dir(path: str) -> None:
-    """Refuse (NvshimError) a cache directory another user could change: it (made 0755
-    when missing) and the exec marker directory in it must be this user's and not
-    writable by group or others, every directory above them root's or this user's and
-    not writable by group or others unless sticky (``/tmp``). The daemon's socket and
-    slots, the front's cache and the markers live there."""
+    """Refuse (NvshimError) a cache directory another user could change
+    (``nvshim.trusted.open_trusted_dir``: walked from ``/`` without following a symlink;
+    made 0755 when missing), or whose exec marker directory is not this user's real
+    directory, unwritable by group and others. The daemon's socket and slots, the
+    front's cache and the markers live there; checked once: only root can change a
+    directory that passes."""
     from nvshim.runtime import MARKER_DIR
+    from nvshim.trusted import UntrustedDir, dir_problem, open_trusted_dir
 
+    why = "nvshim-runtimed serves root's calls only from a cache directory (and the" \
+        " directories above it) no other user can change"  # fmt: skip
     try:
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        real = os.path.realpath(path)
-        own = [real, os.path.join(real, MARKER_DIR)]
-        above = [os.path.dirname(real)]
-        while above[-1] != "/":
-            above.append(os.path.dirname(above[-1]))
-        for directory in own + above:
+        fd = open_trusted_dir(path, create=True)
+        try:
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+            markers = os.open(MARKER_DIR, flags, dir_fd=fd)
+        except FileNotFoundError:
+            markers = -1  # made by the first GPU create, in a checked directory
+        finally:
+            os.close(fd)
+        if markers >= 0:
             try:
-                st = os.lstat(directory)
-            except FileNotFoundError:
-                if directory == own[1]:
-                    continue  # made by the first GPU create, below a checked directory
-                raise
-            why = None
-            if not stat.S_ISDIR(st.st_mode):
-                why = "not a directory"
-            elif st.st_uid != os.geteuid() and (directory in own or st.st_uid != 0):
-                why = f"owned by uid {st.st_uid}"
-            elif st.st_mode & 0o022 and (directory in own or not st.st_mode & stat.S_ISVTX):
-                why = f"writable by {'group' if st.st_mode & 0o020 else 'others'}"
-            if why is not None:
-                raise NvshimError(
-                    f"{directory}: {why}: nvshim-runtimed serves root's calls only from a"
-                    " cache directory (and the directories above it) no other user can change"
-                )
+                bad = dir_problem(os.fstat(markers), True)
+            finally:
+                os.close(markers)
+            if bad:
+                raise UntrustedDir(f"{os.path.join(path, MARKER_DIR)}: {bad}")
+    except UntrustedDir as err:
+        raise NvshimError(f"{err}: {why}") from None
     except OSError as err:
         raise NvshimError(f"{path}: cannot check the cache directory: {err.strerror}") from None
 

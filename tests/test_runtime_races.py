@@ -180,3 +180,70 @@ def _glibc_loader(rootfs) -> None:
     os.makedirs(os.path.dirname(loader), exist_ok=True)
     if not os.path.exists(loader):
         shutil.copy(sys.executable, loader)  # any regular file: only its presence counts
+
+
+# -- (b) pid reuse on the daemon's socket ----------------------------------------------
+
+# connects to the daemon, forks a child that keeps the connection, prints its pid and
+# exits; the child waits for argv[2] to exist, then asks for `state` (its result in argv[3])
+HANDOFF = r"""
+import os, sys, time
+from nvshim.runtime import client
+sock = client.connect(sys.argv[1])
+assert sock is not None, "no daemon"
+if os.fork() == 0:
+    null = os.open(os.devnull, os.O_RDWR)
+    for n in (0, 1, 2):
+        os.dup2(null, n)
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.01)
+    code = client.served(sock, ["--root", sys.argv[4], "state", "none"])
+    open(sys.argv[3], "w").write(f"{code}\n")
+    os._exit(0)
+print(os.getpid(), flush=True)
+"""
+
+
+def _reuse(pid: int) -> subprocess.Popen:
+    """An unconfined process of root's at ``pid`` (``ns_last_pid``: a few tries, other
+    processes may take it first)."""
+    for _ in range(20):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+            fh.write(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "60"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    pytest.fail(f"pid {pid} could not be reused")
+
+
+def test_a_confined_caller_that_hands_its_connection_on_and_exits_is_declined(creates, tmp_path):  # noqa: F811
+    """Issue 28 (2): a ``no_new_privs`` caller connects, hands the connection to a child
+    and exits; an unconfined process gets its pid; the child's request is declined (it
+    was served with the daemon's full privileges), and done by the child itself."""
+    d = Daemon(creates, "--workers", "1")
+    go, result = tmp_path / "go", tmp_path / "result"
+    reused = None
+    try:
+        proc = subprocess.run(
+            ["setpriv", "--no-new-privs", sys.executable, "-c", HANDOFF, d.socket, str(go),
+             str(result), creates.root],
+            env={**creates.env(), "PYTHONPATH": os.getcwd()}, capture_output=True, text=True,
+            timeout=60, check=True,
+        )  # fmt: skip
+        reused = _reuse(int(proc.stdout))
+        go.touch()
+        deadline = time.monotonic() + 30
+        while not (d.served() or d.declined()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert d.served() == []  # served, the child was exec'd into runc as root's own call
+        assert d.declined() == [f"pid {int(proc.stdout)} exited"]
+        while not result.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert result.read_text() == "None\n"  # declined: the child does the call itself
+    finally:
+        if reused is not None:
+            reused.kill()
+            reused.wait()
+        assert d.stop() == 0

@@ -74,7 +74,7 @@ from nvshim.runtime.slots import (
     pidfd_getfd,
     slots_name,
 )
-from nvshim.trusted import CACHE_DIR, cache_dir_for, peer_credentials
+from nvshim.trusted import CACHE_DIR, cache_dir_for, peer_credentials, peer_pidfd, pidfd_pid
 
 TOOL = "nvshim-runtimed"
 # What calls through nvshim-runtime may import; the CLI, installer, doctor and exporter
@@ -161,9 +161,24 @@ class Remote(LowLevel):
 
 
 def decline_reason(conn: socket.socket) -> tuple[str | None, int]:
-    """Why the peer of ``conn`` must do its call itself (or None), and its umask."""
+    """Why the peer of ``conn`` must do its call itself (or None), and its umask. The
+    process that connected is pinned by a pidfd (``SO_PEERPIDFD``) and ``/proc/PID`` is
+    believed only while that pidfd shows it alive at that pid: a caller that handed its
+    connection on and exited is declined, whoever has its pid now. A kernel without
+    ``SO_PEERPIDFD`` (before Linux 6.5) cannot pin it: every socket call is declined."""
     pid, uid, _ = peer_credentials(conn)
-    return caller_decline_reason(pid, uid)
+    pidfd = peer_pidfd(conn)
+    if pidfd is None:
+        return "the caller cannot be pinned (no SO_PEERPIDFD) or has exited", 0o022
+    try:
+        if pidfd_pid(pidfd) != pid:
+            return f"pid {pid} exited", 0o022
+        why, umask = caller_decline_reason(pid, uid)
+        if select.select([pidfd], [], [], 0)[0]:  # exited meanwhile: /proc was another's
+            return f"pid {pid} exited", 0o022
+        return why, umask
+    finally:
+        os.close(pidfd)
 
 
 def privileges(pid: int) -> tuple[dict[bytes, bytes], int | None, int | None]:

@@ -60,9 +60,12 @@ def open_trusted_dir(path: str, create: bool = False) -> int:
                         pass
                 nfd = posix.open(names[i], flags, dir_fd=fd)
             except OSError as err:
-                if err.errno in (20, 40):  # ENOTDIR, ELOOP: a symlink or another file
-                    raise UntrustedDir(f"{here}: a symbolic link or not a directory") from None
-                raise
+                if err.errno not in (20, 40):  # ENOTDIR, ELOOP: a symlink or another file
+                    raise
+                st = posix.stat(names[i], dir_fd=fd, follow_symlinks=False)
+                link = (st.st_mode & _TYPE_MASK) == 0o120000
+                what = "a symbolic link" if link else "not a directory"
+                raise UntrustedDir(f"{here}: {what}") from None
             posix.close(fd)
             fd = nfd
     except BaseException:

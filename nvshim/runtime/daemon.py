@@ -25,9 +25,10 @@ A request is declined (the client does the call in-process, with its own privile
 unless it comes from this user, with the capability sets, ``no_new_privs``, seccomp
 mode and LSM label this process had at start, in its mount, pid and user namespaces
 and root, from the same nvshim (version and files) with the same cache directory; and
-at once, when every worker is busy and no more may be added (no call waits for
-another's). A served call runs with the caller's umask. The daemon refuses to start on
-a cache directory another user could change (``check_cache_dir``).
+when every worker is busy and no more may be added for ``QUEUE_WAIT`` seconds (a call
+waits that long at most for others'). A served call runs with the caller's umask. The
+daemon refuses to start on a cache directory another user could change
+(``check_cache_dir``).
 
 At start and every ``--marker-sweep`` seconds the parent removes the exec markers whose
 container is gone (``nvshim.runtime.markers.sweep``).
@@ -89,6 +90,10 @@ PRELOAD_MODULES = (
 PRELOAD_LAZY = ("tomllib", "pynvml", "subprocess")
 NAMESPACES = ("mnt", "pid", "user")
 RECYCLE = 1000  # calls per worker
+# how long a call may wait for a worker when every one is busy and no more may be added
+# (below the front's ACK_WAIT): a burst is queued, not sent to a hundred interpreters;
+# a call stuck on a hostile image holds its worker, never the queue past this
+QUEUE_WAIT = 1.0
 
 
 @record(frozen=True)
@@ -484,6 +489,7 @@ class Pool:
         self.flights: dict[int, Flight] = {}  # by slot
         self.pending: list[int] = []  # slots waiting for a worker
         self.swept = 0.0
+        self.full_since: float | None = None  # when every worker became busy
 
     def spawn(self) -> None:
         control_r, control_w = os.pipe2(os.O_CLOEXEC)
@@ -568,20 +574,46 @@ class Pool:
 
     def saturated(self) -> bool:
         """Every worker busy and no more may be added: a call would wait for another's."""
-        return not self.idle() and len(self.workers) >= self.limits.max_workers
+        full = not self.idle() and len(self.workers) >= self.limits.max_workers
+        if not full:
+            self.full_since = None
+        elif self.full_since is None:
+            self.full_since = time.monotonic()
+        return full
+
+    def overdue(self) -> bool:
+        """Saturated for ``QUEUE_WAIT`` seconds: calls are declined (socket ones too)."""
+        return self.saturated() and time.monotonic() - self.full_since >= QUEUE_WAIT
+
+    def wait_ms(self) -> int:
+        """How long the parent may sleep: 0 with a queued slot an idle worker can take;
+        else until the oldest queued slot is due, or the pool's saturation (then the
+        socket's callers are declined), 1 s at most."""
+        if self.pending and self.idle():
+            return 0
+        due = [self.flights[k].since + QUEUE_WAIT for k in self.pending]
+        if self.full_since is not None and not self.overdue():
+            due.append(self.full_since + QUEUE_WAIT)
+        if not due:
+            return 1000
+        return min(1000, max(1, int((min(due) - time.monotonic()) * 1000) + 1))
 
     def dispatch(self) -> None:
         """Hand queued slots to idle workers (``tend`` adds workers when none is); with
-        none and no more allowed, decline them at once (their fronts start Python)
-        rather than have them wait for other callers' calls."""
+        none and no more allowed, a slot waits ``QUEUE_WAIT`` seconds at most, then is
+        declined (its front starts Python) rather than wait longer for others' calls."""
         while self.pending:
             idle = self.idle()
             if not idle and self.saturated():
+                now, keep = time.monotonic(), []
                 for k in self.pending:
+                    if now - self.flights[k].since < QUEUE_WAIT:
+                        keep.append(k)
+                        continue
                     _say(2, f"declined: all {len(self.workers)} workers busy (slot {k})")
                     self.slots.say(k, DECLINED)
                     self.flights[k].held = True
-                self.pending = []
+                self.pending = keep
                 return
             if not idle:
                 return
@@ -733,11 +765,11 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
             for fd in wanted - watched:
                 poller.register(fd, select.POLLIN)
             watched = wanted
-            busy = pool.saturated()
+            busy = pool.overdue()  # then the parent declines connections no worker takes
             if busy != listening:
                 (poller.register if busy else poller.unregister)(listener.fileno())
                 listening = busy
-            for fd, _ in poller.poll(0 if pool.pending else 1000):
+            for fd, _ in poller.poll(pool.wait_ms()):
                 if fd == wake_r:
                     _drain(wake_r)
                 elif fd == listener.fileno():

@@ -93,7 +93,7 @@ RECYCLE = 1000  # calls per worker
 # how long a call may wait for a worker when every one is busy and no more may be added
 # (below the front's ACK_WAIT): a burst is queued, not sent to a hundred interpreters;
 # a call stuck on a hostile image holds its worker, never the queue past this
-QUEUE_WAIT = 1.0
+QUEUE_WAIT = 1.5
 
 
 @record(frozen=True)
@@ -101,7 +101,7 @@ class Limits:
     """The pool's size and timeouts (the command's options)."""
 
     workers: int = 2  # kept ready
-    max_workers: int = 32  # added while all are busy
+    max_workers: int = 64  # added while all are busy
     idle_timeout: float = 60.0  # an extra worker idle this long is retired
     call_timeout: float = 300.0  # a call busy this long is killed (kubelet gives up at 120 s)
     marker_sweep: float = 60.0  # seconds between sweeps of the exec markers

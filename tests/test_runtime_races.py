@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -247,3 +248,29 @@ def test_a_confined_caller_that_hands_its_connection_on_and_exits_is_declined(cr
             reused.kill()
             reused.wait()
         assert d.stop() == 0
+
+
+# -- the log: checked and used through the one open file ---------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_log_path_that_is_a_fifo_or_a_symlink_is_not_written(creates, tmp_path, kind):  # noqa: F811
+    """``--log`` naming a FIFO no one reads (an open for writing waited forever) or a
+    symlink (followed, root appended to its target): the call goes on with one warning
+    and the target is left as it was."""
+    warm(creates)
+    log = tmp_path / "runtime.log"
+    target = tmp_path / "target"
+    target.write_text("untouched\n")
+    if kind == "fifo":
+        os.mkfifo(log)
+    else:
+        os.symlink(target, log)
+    bundle, cid = bundle_for(creates, f"log-{kind}", env={"NVIDIA_VISIBLE_DEVICES": "7"})
+    proc = creates.call("--log", str(log), "create", "--bundle", bundle, cid,
+                        capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 1 and creates.state(cid) is None  # GPU 7: refused
+    (line,) = proc.stderr.splitlines()  # the error, to the engine; not to the log
+    assert line.startswith("nvshim-runtime: error: ") and "'7'" in line
+    assert target.read_text() == "untouched\n"
+    assert os.path.islink(log) if kind == "symlink" else stat.S_ISFIFO(os.lstat(log).st_mode)

@@ -158,9 +158,12 @@ def delete_unmarking(cache_dir: str, runtime: str, argv: list[str], container_id
     or had no runtime for this ``PATH``): for a marked container, run it through
     ``lowlevel`` and remove the marker once it succeeded, as the front does; its exit
     status. None: no marker (the caller execs the runtime)."""
-    if not valid_id(container_id) or not os.path.lexists(
-        os.path.join(cache_dir, MARKER_DIR, container_id)
-    ):
+    from nvshim.trusted import cache_dir_trusted
+
+    marker = os.path.join(cache_dir, MARKER_DIR, container_id)
+    if not valid_id(container_id) or not cache_dir_trusted(cache_dir):
+        return None  # no marker is kept, nor removed, where others could change the path
+    if not os.path.lexists(marker):
         return None
     lowlevel.start(runtime, argv, [])
     status = lowlevel.wait()

@@ -274,3 +274,18 @@ def test_a_log_path_that_is_a_fifo_or_a_symlink_is_not_written(creates, tmp_path
     assert line.startswith("nvshim-runtime: error: ") and "'7'" in line
     assert target.read_text() == "untouched\n"
     assert os.path.islink(log) if kind == "symlink" else stat.S_ISFIFO(os.lstat(log).st_mode)
+
+
+def test_without_so_peerpidfd_every_socket_caller_is_declined(monkeypatch):
+    """A kernel before 6.5 cannot pin the caller: declined (its own process does the
+    call) rather than judged by a pid that may be another process's by then."""
+    import socket
+
+    from nvshim.runtime import daemon
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with a, b:
+        assert daemon.decline_reason(a) == (None, os.umask(os.umask(0o022)))  # this kernel
+        monkeypatch.setattr(daemon, "peer_pidfd", lambda sock: None)
+        why, _ = daemon.decline_reason(a)
+        assert why is not None and "SO_PEERPIDFD" in why

@@ -56,7 +56,7 @@ def running_daemon(bin_dir: str, env: dict[str, str], prefix: tuple[str, ...] = 
     command it runs under (``nsenter`` into an engine's mount namespace)."""
     log = os.path.join(os.path.dirname(bin_dir), f"nvshim-runtimed-{os.getpid()}-{len(prefix)}.err")
     try:
-        proc = start_daemon(bin_dir, env, log, prefix=prefix)
+        proc = start_daemon(bin_dir, env, log, "--verbose", prefix=prefix)
     except RuntimeError as err:
         raise SystemExit(str(err)) from None
     try:
@@ -64,9 +64,19 @@ def running_daemon(bin_dir: str, env: dict[str, str], prefix: tuple[str, ...] = 
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-        declined = [ln for ln in open(log).read().splitlines() if "declined:" in ln]
-        if declined:  # those calls ran in-process: the figures mix both paths
-            print(f"nvshim-runtimed declined {len(declined)} calls: {declined[0]}", file=sys.stderr)
+        lines = open(log).read().splitlines()
+        declined = [ln for ln in lines if "declined:" in ln]
+        slot = sum(" by slot " in ln and " served: " in ln for ln in lines)
+        sock = sum(" by socket served: " in ln for ln in lines)
+        print(f"nvshim-runtimed served {slot} calls by slot, {sock} by socket, declined "
+              f"{len(declined)}", file=sys.stderr)  # fmt: skip
+        reasons: dict[str, int] = {}  # those calls ran in-process: the figures mix both paths
+        for line in declined:
+            why = line.split("declined: ", 1)[1].split(" (")[0]
+            why = " ".join(w for w in why.split() if not w.isdigit())
+            reasons[why] = reasons.get(why, 0) + 1
+        for why, count in sorted(reasons.items(), key=lambda item: -item[1]):
+            print(f"  declined {count}: {why}", file=sys.stderr)
 
 
 def daemon_cpu(pid: int) -> float:

@@ -2,8 +2,9 @@
 
 A cache entry holds a key (what the value was computed from) and the value; a reader
 gets the value only when the key matches exactly. Entries are trusted only when owned by
-this user and not writable by group or others. Failing to write one is never an error:
-the next reader computes the value again.
+this user and not writable by group or others, in a directory no other user can change
+(``nvshim.trusted.cache_dir_trusted``): elsewhere nothing is read or written. Failing
+to write one is never an error: the next reader computes the value again.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 
 from nvshim import fastjson
-from nvshim.trusted import CACHE_DIR, read_trusted
+from nvshim.trusted import CACHE_DIR, cache_dir_trusted, read_trusted
 
 MAX_ENTRY = 16 << 20
 
@@ -24,7 +25,7 @@ def entry_path(kind: str, directory: str = CACHE_DIR) -> str:
 
 def load(path: str, key):
     """The cached value at ``path`` if its key equals ``key``, else None."""
-    raw = read_trusted(path, MAX_ENTRY)
+    raw = read_trusted(path, MAX_ENTRY) if cache_dir_trusted(os.path.dirname(path)) else None
     if raw is None:
         return None
     try:
@@ -50,8 +51,9 @@ def write_entry(path: str, data: bytes) -> None:
     boot). Failing to is not an error."""
     from nvshim.fsutil import atomic_write
 
+    if not cache_dir_trusted(os.path.dirname(path)):  # made here when missing
+        return
     try:
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         atomic_write(path, data, mode=0o644, backup=False, durable=False)
     except OSError:
         pass

@@ -12,7 +12,9 @@ format back (``nvshim exporter``).
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 import time
 
@@ -164,19 +166,27 @@ def log_decision(
     _append(settings, tool, line.encode("utf-8", "replace"), quiet=error is not None)
 
 
-def _open(path: str) -> int:
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+def open_log(path: str) -> int:
+    """The log file, opened for appending (made if missing) without following a symlink
+    at its name or waiting on a FIFO, and kept only if what was opened is a regular
+    file: the checks are made on the open file, never on the name again."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        return os.open(path, flags, 0o640)
+        fd = os.open(path, flags, 0o640)
     except FileNotFoundError:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        return os.open(path, flags, 0o640)
+        fd = os.open(path, flags, 0o640)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _append(settings: Settings, tool: str, data: bytes, quiet: bool = False) -> None:
     path = settings.path
     try:
-        fd = _open(path)
+        fd = open_log(path)
     except OSError as err:
         if not quiet:
             print(f"{tool}: warning: cannot write log {path}: {err.strerror}", file=sys.stderr)
@@ -188,7 +198,7 @@ def _append(settings: Settings, tool: str, data: bytes, quiet: bool = False) -> 
                 _rotate(settings, old)
             finally:
                 os.close(old)
-            fd = _open(path)
+            fd = open_log(path)
         os.write(fd, data)
     except OSError as err:
         if not quiet:

@@ -86,3 +86,78 @@ def test_specs_of_every_shipped_host_match_pyyaml(sim_hosts, name):
         text = dump_spec(spec, "yaml")
         assert text == pyyaml(spec)
         assert yaml.safe_load(text) == spec
+
+
+# -- a property test: generated documents, keys included --------------------------------
+
+KEY_ALPHABET = "abcXYZ019:-+._#~=<>,[]{}?!'\"&*|%@`/ "
+
+
+def _text(rnd: random.Random) -> str:
+    """A key or string: mostly short over YAML's indicators, some empty, some near and past
+    PyYAML's simple-key limit (128) and its 1024-character limit."""
+    roll = rnd.random()
+    if roll < 0.05:
+        return ""
+    if roll < 0.12:
+        size = rnd.choice([rnd.randint(95, 140), rnd.randint(1020, 1100)])
+        return "".join(rnd.choice("abc-_.") for _ in range(size))
+    if roll < 0.2:
+        return rnd.choice(sorted(yamlout.NOT_STRINGS | yamlout.FLOAT_WORDS | {"0.5.0", "-1", "07"}))
+    return "".join(rnd.choice(KEY_ALPHABET) for _ in range(rnd.randint(1, 9)))
+
+
+SCALARS = [_text, _text, _text, lambda r: r.randint(-(10**6), 10**6),
+           lambda r: r.random() < 0.5, lambda r: None, lambda r: r.random()]  # fmt: skip
+
+
+def _scalar(rnd: random.Random):
+    return rnd.choice(SCALARS)(rnd)
+
+
+def _node(rnd: random.Random, depth: int, made: list):
+    """A scalar, dict or list; now and then one made before (PyYAML anchors those)."""
+    if made and rnd.random() < 0.03:
+        return rnd.choice(made)
+    roll = rnd.random()
+    if depth >= 4 or roll < 0.5:
+        return _scalar(rnd)
+    if roll < 0.8:
+        node = {_text(rnd): _node(rnd, depth + 1, made) for _ in range(rnd.randint(0, 4))}
+    else:
+        node = [_node(rnd, depth + 1, made) for _ in range(rnd.randint(0, 4))]
+    made.append(node)
+    return node
+
+
+def test_generated_documents_are_written_as_pyyaml_writes_them():
+    """Random documents (fixed seed): yamlout's bytes are PyYAML's, whichever of the two
+    wrote them, and most are written by yamlout itself."""
+    rnd, own = random.Random(28), 0
+    for _ in range(1500):
+        made: list = []
+        doc = {_text(rnd) or "k": _node(rnd, 1, made) for _ in range(rnd.randint(1, 5))}
+        assert yamlout.dump(doc) == pyyaml(doc), repr(doc)[:2000]
+        try:
+            yamlout._mapping(doc, "", "", [], set())
+            own += 1
+        except yamlout.Unsupported:
+            pass
+    assert own > 150
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [{"": "v"}, {"k" * 127: 1}, {"k" * 128: 1}, {"k" * 1025: 1}, {"a": {}, "b": None}],
+    ids=["empty-key", "key-127", "key-128", "key-1025", "plain"],
+)
+def test_issue_28_keys(doc):
+    assert yamlout.dump(doc) == pyyaml(doc)
+    assert yaml.safe_load(yamlout.dump(doc)) == doc
+
+
+def test_an_object_used_twice_gets_pyyamls_anchor():
+    shared = {"path": "/dev/nvidia0"}
+    doc = {"a": [shared], "b": shared, "c": [], "d": []}
+    doc["d"] = doc["c"]
+    assert yamlout.dump(doc) == pyyaml(doc) and "&id001" in yamlout.dump(doc)

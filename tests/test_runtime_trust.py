@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from nvshim.runtime.daemon import QUEUE_WAIT
 from nvshim.runtime.slots import ACK_WAIT
 from tests.podman_util import make_busybox_rootfs
 from tests.runc_util import served_by
@@ -268,9 +269,10 @@ def test_a_stopped_daemon_parent_does_not_hold_a_create(creates):  # noqa: F811
         assert d.stop() == 0
 
 
-def test_a_saturated_pool_declines_at_once(creates, tmp_path):  # noqa: F811
-    """One worker, busy with a create whose runc takes 4 s: the next create is declined
-    on its slot and on the socket at once and done in its own process, long before."""
+def test_a_saturated_pool_queues_briefly_then_declines(creates, tmp_path):  # noqa: F811
+    """One worker, busy with a create whose runc takes 4 s: the next create waits
+    ``QUEUE_WAIT`` on its slot, is declined there and at once on the socket (the pool
+    has been saturated that long), and is done in its own process, long before."""
     started = tmp_path / "slow-started"
     line = f'case "$*" in *slow*) : > {started}; sleep 4 ;; esac'
     use_runtime(creates, wrapped_runc(tmp_path / "slow-runc", line))
@@ -287,11 +289,34 @@ def test_a_saturated_pool_declines_at_once(creates, tmp_path):  # noqa: F811
         proc = create(creates, bundle, cid)
         took = time.monotonic() - began
         assert proc.returncode == 0 and first.poll() is None, creates.output(cid)
-        assert took < 3.5 and creates.state(cid)["status"] == "created"
+        assert QUEUE_WAIT <= took < 3.5 and creates.state(cid)["status"] == "created"
         assert d.declined()[-2:] == [d.declined()[-2], "all 1 workers busy (socket)"]
         assert d.declined()[-2].startswith("all 1 workers busy (slot ")
         assert first.wait(timeout=60) == 0 and creates.state(slow_id)["status"] == "created"
         out.close()
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_burst_waits_for_a_busy_worker_instead_of_starting_python(creates, tmp_path):  # noqa: F811
+    """Issue 28: one worker and no more, two creates at once whose runc takes 0.3 s: the
+    second waits for the worker (it was declined at once, and started an interpreter)."""
+    line = 'case "$*" in *create*) sleep 0.3 ;; esac'
+    use_runtime(creates, wrapped_runc(tmp_path / "slowish-runc", line))
+    d = serve(creates, "--max-workers", "1")
+    try:
+        procs = []
+        for n in range(2):
+            bundle, cid = bundle_for(creates, f"burst{n}")
+            out = open(creates.tmp / f"{cid}.out", "w")
+            argv = [creates.runtime, "--root", creates.root, "create", "--bundle", bundle, cid]
+            procs.append((cid, subprocess.Popen(argv, env=creates.env(), stdin=subprocess.DEVNULL,
+                                                stdout=out, stderr=out)))  # fmt: skip
+        for cid, proc in procs:
+            assert proc.wait(timeout=60) == 0, creates.output(cid)
+            assert creates.state(cid)["status"] == "created"
+        assert d.declined() == [] and creates.python_starts() == 0
+        assert len(d.served()) == 2
     finally:
         assert d.stop() == 0
 

@@ -7,8 +7,10 @@ sequences (a sequence inside a mapping not indented, as PyYAML writes it), ints,
 None, and strings of printable ASCII without spaces, plain where PyYAML writes them plain
 (not an indicator, not read back as another type under YAML 1.1) and single-quoted
 otherwise. Anything else (a space, a non-ASCII character, a float, a nested sequence, a
-number-like string this module does not decide) is handed to PyYAML for the whole
-document, so the output is always PyYAML's.
+number-like string this module does not decide, an empty key, a key of ``LONG_KEY``
+characters or more, which PyYAML writes as an explicit ``? key``, a dict or list met
+twice, which PyYAML writes with an anchor) is handed to PyYAML for the whole document,
+so the output is always PyYAML's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ FIRST_INDICATORS = "#,[]{}&*!|>'\"%@`"
 _DIGITS_COLONS = frozenset(DIGITS + ":")
 _DIGITS_DOTS = frozenset(DIGITS + ".")
 _PRINTABLE = frozenset(chr(c) for c in range(0x21, 0x7F))
+LONG_KEY = 100  # PyYAML writes a key of 128 written characters or more as "? key"
 
 
 class Unsupported(Exception):
@@ -35,7 +38,7 @@ def dump(data) -> str:
     if isinstance(data, dict) and data:
         out: list[str] = []
         try:
-            _mapping(data, "", "", out)
+            _mapping(data, "", "", out, set())
             return "".join(out)
         except Unsupported:
             pass
@@ -44,25 +47,36 @@ def dump(data) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
-def _mapping(data: dict, first: str, pad: str, out: list[str]) -> None:
-    """Write ``data``'s entries at ``pad``; the first line starts with ``first``."""
+def _once(node, seen: set[int]) -> None:
+    """Unsupported when dict or list ``node`` was met before (PyYAML anchors it)."""
+    if id(node) in seen:
+        raise Unsupported
+    seen.add(id(node))
+
+
+def _mapping(data: dict, first: str, pad: str, out: list[str], seen: set[int]) -> None:
+    """Write ``data``'s entries at ``pad``; the first line starts with ``first``.
+    ``seen``: the ids of the dicts and lists written so far."""
+    _once(data, seen)
     lead = first
     inner = pad + "  "
     for key, value in data.items():
-        if type(key) is not str:
+        if type(key) is not str or not key or len(key) >= LONG_KEY:
             raise Unsupported
         key = _scalar(key)
         kind = type(value)
         if kind is dict:
             if value:
                 out.append(f"{lead}{key}:\n")
-                _mapping(value, inner, inner, out)
+                _mapping(value, inner, inner, out, seen)
             else:
+                _once(value, seen)
                 out.append(f"{lead}{key}: {{}}\n")
         elif kind is list:
+            _once(value, seen)
             if value:
                 out.append(f"{lead}{key}:\n")
-                _sequence(value, pad, out)
+                _sequence(value, pad, out, seen)
             else:
                 out.append(f"{lead}{key}: []\n")
         else:
@@ -70,14 +84,15 @@ def _mapping(data: dict, first: str, pad: str, out: list[str]) -> None:
         lead = pad
 
 
-def _sequence(items: list, pad: str, out: list[str]) -> None:
+def _sequence(items: list, pad: str, out: list[str], seen: set[int]) -> None:
     dash = pad + "- "
     for item in items:
         kind = type(item)
         if kind is dict:
             if item:
-                _mapping(item, dash, pad + "  ", out)
+                _mapping(item, dash, pad + "  ", out, seen)
             else:
+                _once(item, seen)
                 out.append(f"{dash}{{}}\n")
         elif kind is list:
             raise Unsupported

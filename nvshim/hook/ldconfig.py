@@ -34,9 +34,19 @@ CONF = "/etc/ld.so.conf"
 CONF_DIR = "/etc/ld.so.conf.d"
 CONF_FILE = f"{CONF_DIR}/00-nvshim.conf"
 INCLUDE_DEPTH = 4  # include levels looked through for FIFOs
+# what the host ldconfig scans besides the folders it is given and its configuration's:
+# its built-in trusted directories (multiarch ones on Debian-built ldconfigs)
+MULTIARCH = ("x86_64-linux-gnu", "aarch64-linux-gnu", "powerpc64le-linux-gnu",
+             "i386-linux-gnu", "arm-linux-gnueabihf")  # fmt: skip
+TOPS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib32", "/usr/lib32")
+TRUSTED_DIRS = (*TOPS, *(f"{top}/{arch}" for arch in MULTIARCH for top in TOPS[:2]))
+# subdirectories ldconfig descends into (hwcap platforms, glibc-hwcaps and what is in it)
+HWCAP_DIRS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "xeon_phi", "i686", "i586",
+              "sse2", "avx512_1", "aarch64", "power8", "power9", "power10")  # fmt: skip
+SCAN_LIMIT = 200_000  # directory entries looked at, at most (the deadline covers more)
 MAX_CACHE_BYTES = 64 << 20
 LDCONFIG_ENV = {"LC_ALL": "C"}
-LDCONFIG_TIMEOUT = 60.0
+LDCONFIG_TIMEOUT = 20.0  # a backstop: what could block it was refused beforehand
 # The PT_INTERP of glibc programs on each architecture: the only readers of ld.so.cache.
 GLIBC_LOADERS = (
     "/lib64/ld-linux-x86-64.so.2",  # x86_64
@@ -250,7 +260,8 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         fields["ldcache"] = "skipped-reachable"
         return fields
     fields["unreachable"] = len(missing)
-    refuse_special_confs(root)
+    confs = refuse_special_confs(root)
+    refuse_special_libraries(root, [*folders, *conf_dirs(root, confs), *TRUSTED_DIRS])
     text = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
     try:
         root.write_file(CONF_FILE, (text + "\n").encode())
@@ -264,12 +275,14 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
     return fields
 
 
-def refuse_special_confs(root: RootFS) -> None:
+def refuse_special_confs(root: RootFS) -> list[str]:
     """Raise NvshimError when a file the host ldconfig will open as configuration in the
     root is not a regular file (a FIFO would block it until its timeout, holding the
     caller and a daemon worker meanwhile): ``/etc/ld.so.conf``, the entries of
     ``/etc/ld.so.conf.d`` (nvshim's include) and, a few levels deep, what ``include``
-    lines name. Looked at through ``RootFS.stat``, which never blocks."""
+    lines name. Looked at through ``RootFS.stat``, which never blocks. Returns the
+    configuration files found (regular files)."""
+    found = []
     ours = [n for n in root.listdir(CONF_DIR) or () if n.endswith(".conf")]
     todo = [(CONF, 0)] + [(f"{CONF_DIR}/{n}", 1) for n in ours]
     while todo:
@@ -284,8 +297,72 @@ def refuse_special_confs(root: RootFS) -> None:
             raise NvshimError(
                 f"{path} in the container root: not a regular file, ld cache not updated"
             )
+        found.append(path)
         if depth < INCLUDE_DEPTH:
             todo += [(name, depth + 1) for name in _included(root, path)]
+    return found
+
+
+def conf_dirs(root: RootFS, confs: list[str]) -> list[str]:
+    """The directories configuration files ``confs`` name (the lines that are not an
+    ``include``; a legacy ``=TYPE`` suffix dropped), as ldconfig reads them."""
+    dirs = []
+    for path in confs:
+        try:
+            text = root.read(path, 1 << 20) or b""
+        except (OSError, RootPathError):
+            continue
+        for line in text.decode("utf-8", "replace").splitlines():
+            words = line.split("#", 1)[0].split()
+            if words and words[0] not in ("include", "hwcap") and words[0].startswith("/"):
+                dirs.append(words[0].split("=", 1)[0])
+    return dirs
+
+
+def _library_name(name: str) -> bool:
+    """Whether ldconfig opens an entry of this name (``_dl_is_dso``: a shared object or
+    the dynamic linker)."""
+    return ".so" in name or name.startswith("ld-")
+
+
+def refuse_special_libraries(root: RootFS, dirs: list[str]) -> None:
+    """Raise NvshimError when an entry the host ldconfig would open in one of ``dirs``
+    (a library name, followed through symlinks inside the root as ldconfig follows
+    them chrooted; the hwcap subdirectories it descends into) is neither a regular file
+    nor a directory: a FIFO there blocks it. Looked at through ``RootFS.stat``
+    (``O_PATH``), which never blocks; a missing target is ldconfig's warning, not an
+    error. Past ``SCAN_LIMIT`` entries the rest is left to ``LDCONFIG_TIMEOUT``."""
+    seen: set[tuple[int, int]] = set()
+    todo = [(d, 0) for d in dict.fromkeys(dirs)]
+    budget = SCAN_LIMIT
+    while todo and budget > 0:
+        folder, depth = todo.pop()
+        try:
+            st = root.stat(folder)
+        except (OSError, RootPathError):
+            continue
+        if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        names = root.listdir(folder) or []
+        budget -= len(names)
+        hwcaps = posixpath.basename(folder) == "glibc-hwcaps"
+        for name in names:
+            sub = hwcaps or name in HWCAP_DIRS
+            if not (sub or _library_name(name)):
+                continue
+            path = posixpath.join(folder, name)
+            try:
+                mode = root.stat(path).st_mode
+            except (OSError, RootPathError):
+                continue
+            if stat.S_ISDIR(mode):
+                if sub and depth < 2:
+                    todo.append((path, depth + 1))
+            elif not stat.S_ISREG(mode):
+                raise NvshimError(
+                    f"{path} in the container root: not a regular file, ld cache not updated"
+                )
 
 
 def _included(root: RootFS, path: str) -> list[str]:

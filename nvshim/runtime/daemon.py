@@ -25,9 +25,10 @@ A request is declined (the client does the call in-process, with its own privile
 unless it comes from this user, with the capability sets, ``no_new_privs``, seccomp
 mode and LSM label this process had at start, in its mount, pid and user namespaces
 and root, from the same nvshim (version and files) with the same cache directory; and
-at once, when every worker is busy and no more may be added (no call waits for
-another's). A served call runs with the caller's umask. The daemon refuses to start on
-a cache directory another user could change (``check_cache_dir``).
+when every worker is busy and no more may be added for ``QUEUE_WAIT`` seconds (a call
+waits that long at most for others'). A served call runs with the caller's umask. The
+daemon refuses to start on a cache directory another user could change
+(``check_cache_dir``).
 
 At start and every ``--marker-sweep`` seconds the parent removes the exec markers whose
 container is gone (``nvshim.runtime.markers.sweep``).
@@ -43,7 +44,6 @@ import pkgutil
 import select
 import signal
 import socket
-import stat
 import sys
 import time
 from collections.abc import Callable
@@ -75,7 +75,7 @@ from nvshim.runtime.slots import (
     pidfd_getfd,
     slots_name,
 )
-from nvshim.trusted import CACHE_DIR, cache_dir_for, peer_credentials
+from nvshim.trusted import CACHE_DIR, cache_dir_for, peer_credentials, peer_pidfd, pidfd_pid
 
 TOOL = "nvshim-runtimed"
 # What calls through nvshim-runtime may import; the CLI, installer, doctor and exporter
@@ -90,6 +90,10 @@ PRELOAD_MODULES = (
 PRELOAD_LAZY = ("tomllib", "pynvml", "subprocess")
 NAMESPACES = ("mnt", "pid", "user")
 RECYCLE = 1000  # calls per worker
+# how long a call may wait for a worker when every one is busy and no more may be added
+# (below the front's ACK_WAIT): a burst is queued, not sent to a hundred interpreters;
+# a call stuck on a hostile image holds its worker, never the queue past this
+QUEUE_WAIT = 1.5
 
 
 @record(frozen=True)
@@ -97,7 +101,7 @@ class Limits:
     """The pool's size and timeouts (the command's options)."""
 
     workers: int = 2  # kept ready
-    max_workers: int = 32  # added while all are busy
+    max_workers: int = 64  # added while all are busy
     idle_timeout: float = 60.0  # an extra worker idle this long is retired
     call_timeout: float = 300.0  # a call busy this long is killed (kubelet gives up at 120 s)
     marker_sweep: float = 60.0  # seconds between sweeps of the exec markers
@@ -162,9 +166,24 @@ class Remote(LowLevel):
 
 
 def decline_reason(conn: socket.socket) -> tuple[str | None, int]:
-    """Why the peer of ``conn`` must do its call itself (or None), and its umask."""
+    """Why the peer of ``conn`` must do its call itself (or None), and its umask. The
+    process that connected is pinned by a pidfd (``SO_PEERPIDFD``) and ``/proc/PID`` is
+    believed only while that pidfd shows it alive at that pid: a caller that handed its
+    connection on and exited is declined, whoever has its pid now. A kernel without
+    ``SO_PEERPIDFD`` (before Linux 6.5) cannot pin it: every socket call is declined."""
     pid, uid, _ = peer_credentials(conn)
-    return caller_decline_reason(pid, uid)
+    pidfd = peer_pidfd(conn)
+    if pidfd is None:
+        return "the caller cannot be pinned (no SO_PEERPIDFD) or has exited", 0o022
+    try:
+        if pidfd_pid(pidfd) != pid:
+            return f"pid {pid} exited", 0o022
+        why, umask = caller_decline_reason(pid, uid)
+        if select.select([pidfd], [], [], 0)[0]:  # exited meanwhile: /proc was another's
+            return f"pid {pid} exited", 0o022
+        return why, umask
+    finally:
+        os.close(pidfd)
 
 
 def privileges(pid: int) -> tuple[dict[bytes, bytes], int | None, int | None]:
@@ -470,6 +489,7 @@ class Pool:
         self.flights: dict[int, Flight] = {}  # by slot
         self.pending: list[int] = []  # slots waiting for a worker
         self.swept = 0.0
+        self.full_since: float | None = None  # when every worker became busy
 
     def spawn(self) -> None:
         control_r, control_w = os.pipe2(os.O_CLOEXEC)
@@ -554,20 +574,46 @@ class Pool:
 
     def saturated(self) -> bool:
         """Every worker busy and no more may be added: a call would wait for another's."""
-        return not self.idle() and len(self.workers) >= self.limits.max_workers
+        full = not self.idle() and len(self.workers) >= self.limits.max_workers
+        if not full:
+            self.full_since = None
+        elif self.full_since is None:
+            self.full_since = time.monotonic()
+        return full
+
+    def overdue(self) -> bool:
+        """Saturated for ``QUEUE_WAIT`` seconds: calls are declined (socket ones too)."""
+        return self.saturated() and time.monotonic() - self.full_since >= QUEUE_WAIT
+
+    def wait_ms(self) -> int:
+        """How long the parent may sleep: 0 with a queued slot an idle worker can take;
+        else until the oldest queued slot is due, or the pool's saturation (then the
+        socket's callers are declined), 1 s at most."""
+        if self.pending and self.idle():
+            return 0
+        due = [self.flights[k].since + QUEUE_WAIT for k in self.pending]
+        if self.full_since is not None and not self.overdue():
+            due.append(self.full_since + QUEUE_WAIT)
+        if not due:
+            return 1000
+        return min(1000, max(1, int((min(due) - time.monotonic()) * 1000) + 1))
 
     def dispatch(self) -> None:
         """Hand queued slots to idle workers (``tend`` adds workers when none is); with
-        none and no more allowed, decline them at once (their fronts start Python)
-        rather than have them wait for other callers' calls."""
+        none and no more allowed, a slot waits ``QUEUE_WAIT`` seconds at most, then is
+        declined (its front starts Python) rather than wait longer for others' calls."""
         while self.pending:
             idle = self.idle()
             if not idle and self.saturated():
+                now, keep = time.monotonic(), []
                 for k in self.pending:
+                    if now - self.flights[k].since < QUEUE_WAIT:
+                        keep.append(k)
+                        continue
                     _say(2, f"declined: all {len(self.workers)} workers busy (slot {k})")
                     self.slots.say(k, DECLINED)
                     self.flights[k].held = True
-                self.pending = []
+                self.pending = keep
                 return
             if not idle:
                 return
@@ -719,11 +765,11 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
             for fd in wanted - watched:
                 poller.register(fd, select.POLLIN)
             watched = wanted
-            busy = pool.saturated()
+            busy = pool.overdue()  # then the parent declines connections no worker takes
             if busy != listening:
                 (poller.register if busy else poller.unregister)(listener.fileno())
                 listening = busy
-            for fd, _ in poller.poll(0 if pool.pending else 1000):
+            for fd, _ in poller.poll(pool.wait_ms()):
                 if fd == wake_r:
                     _drain(wake_r)
                 elif fd == listener.fileno():
@@ -751,39 +797,35 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
 
 
 def check_cache_dir(path: str) -> None:
-    """Refuse (NvshimError) a cache directory another user could change: it (made 0755
-    when missing) and the exec marker directory in it must be this user's and not
-    writable by group or others, every directory above them root's or this user's and
-    not writable by group or others unless sticky (``/tmp``). The daemon's socket and
-    slots, the front's cache and the markers live there."""
+    """Refuse (NvshimError) a cache directory another user could change
+    (``nvshim.trusted.open_trusted_dir``: walked from ``/`` without following a symlink;
+    made 0755 when missing), or whose exec marker directory is not this user's real
+    directory, unwritable by group and others. The daemon's socket and slots, the
+    front's cache and the markers live there; checked once: only root can change a
+    directory that passes."""
     from nvshim.runtime import MARKER_DIR
+    from nvshim.trusted import UntrustedDir, dir_problem, open_trusted_dir
 
+    why = "nvshim-runtimed serves root's calls only from a cache directory (and the" \
+        " directories above it) no other user can change"  # fmt: skip
     try:
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        real = os.path.realpath(path)
-        own = [real, os.path.join(real, MARKER_DIR)]
-        above = [os.path.dirname(real)]
-        while above[-1] != "/":
-            above.append(os.path.dirname(above[-1]))
-        for directory in own + above:
+        fd = open_trusted_dir(path, create=True)
+        try:
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+            markers = os.open(MARKER_DIR, flags, dir_fd=fd)
+        except FileNotFoundError:
+            markers = -1  # made by the first GPU create, in a checked directory
+        finally:
+            os.close(fd)
+        if markers >= 0:
             try:
-                st = os.lstat(directory)
-            except FileNotFoundError:
-                if directory == own[1]:
-                    continue  # made by the first GPU create, below a checked directory
-                raise
-            why = None
-            if not stat.S_ISDIR(st.st_mode):
-                why = "not a directory"
-            elif st.st_uid != os.geteuid() and (directory in own or st.st_uid != 0):
-                why = f"owned by uid {st.st_uid}"
-            elif st.st_mode & 0o022 and (directory in own or not st.st_mode & stat.S_ISVTX):
-                why = f"writable by {'group' if st.st_mode & 0o020 else 'others'}"
-            if why is not None:
-                raise NvshimError(
-                    f"{directory}: {why}: nvshim-runtimed serves root's calls only from a"
-                    " cache directory (and the directories above it) no other user can change"
-                )
+                bad = dir_problem(os.fstat(markers), True)
+            finally:
+                os.close(markers)
+            if bad:
+                raise UntrustedDir(f"{os.path.join(path, MARKER_DIR)}: {bad}")
+    except UntrustedDir as err:
+        raise NvshimError(f"{err}: {why}") from None
     except OSError as err:
         raise NvshimError(f"{path}: cannot check the cache directory: {err.strerror}") from None
 

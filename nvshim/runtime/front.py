@@ -86,37 +86,55 @@ def _served(interpreter: str, slots_name: str, lost_code: str) -> str:
     (``nvshim.runtime.slots``, which describes the exchange and the checks)."""
     lost = f'exec {sh_quote(interpreter)} -IS -c {sh_quote(lost_code)} "$0" "$r" "$@"'
     mode_c = "d????[!w]??[!w]?"
+    mode_a = f"{mode_c}|d????????[tT]"  # not writable by group or others, or sticky
+    mode_s = "drwx------"
     return f"""# srv ARGS: the call served by nvshim-runtimed through one of its slots
 # (nvshim.runtime.slots) when it runs, its slots are this user's own and fds 4 to 7
 # are free; returns when the daemon did not take the call (nothing was done): then
 # Python does it
 srv() {{
   d=$c/{slots_name}
-  [ -p "$d/0.r" ] && [ -d "/proc/$$/fd" ] && mine "$c" "$d" && tool sleep || return 0
+  [ -p "$d/0.r" ] && [ -d "/proc/$$/fd" ] && mine && tool sleep || return 0
   w=$x
   for i in 4 5 6 7; do [ -e "/proc/$$/fd/$i" ] && return 0; done
   set -C
   i=0 k=$(($$ % {SLOTS}))
-  until fifo "$d/$k.r" && fifo "$d/$k.u" && {{ printf '%s\\n' "$$" >"$d/$k.c"; }} 2>/dev/null; do
+  until own "$d/$k.r" && own "$d/$k.u" && {{ printf '%s\\n' "$$" >"$d/$k.c"; }} 2>/dev/null; do
     i=$((i + 1))
     [ "$i" -lt {SLOTS} ] || {{ set +C; return 0; }}
     k=$(((k + 1) % {SLOTS}))
   done
   set +C
-  {{ talk "$@" 2>&7 7>&-; }} 7>&2 2>/dev/null 4<>"$d/$k.r" {REPLY_FD}<"$d/$k.r" 4>&- 6<>"$d/$k.u"
+  {{ fifo {REPLY_FD} && fifo 6 && talk "$@" 2>&7 7>&-; }} 7>&2 2>/dev/null 4<>"$d/$k.r" \\
+    {REPLY_FD}<"$d/$k.r" 4>&- 6<>"$d/$k.u"
 }}
-fifo() {{ [ -p "$1" ] && [ ! -L "$1" ] && [ -O "$1" ]; }}
-# mine CACHE SLOTS: CACHE is this user's and not writable by group or others, SLOTS a
-# directory (no symlink) of this user's, mode 0700 (ls -L: CACHE may be a symlink)
+# own PATH: a FIFO of this user's (a first look; what counts is fifo, on the open file)
+own() {{ [ -p "$1" ] && [ -O "$1" ]; }}
+# fifo N: fd N, as opened, is a FIFO of this user's
+fifo() {{ own "/proc/self/fd/$1"; }}
+# mine: the slots $d are a directory (no symlink) of this user's, and one ls -dn (an
+# lstat of each path: a symlink shows as one, whatever it is swapped with) shows every
+# directory from / to $d root's, those above the cache directory not writable by group
+# or others unless sticky (t), the cache directory not writable by group or others, the
+# slots 0700 (a + ACL: refused)
 mine() {{
-  [ -O "$1" ] && [ -d "$2" ] && [ ! -L "$2" ] && [ -O "$2" ] || return 1
-  case $1 in *[!A-Za-z0-9/._+@:-]*) return 1 ;; esac
-  tool ls || return 1
-  set -f; set -- $(LC_ALL=C "$x" -dnL -l -- "$1" "$2" 2>/dev/null); set +f
-  [ "$#" -gt 0 ] && [ $(($# % 2)) -eq 0 ] || return 1
-  case $1 in {mode_c}|{mode_c}.) ;; *) return 1 ;; esac
-  shift $(($# / 2))
-  case $1 in drwx------|drwx------.) ;; *) return 1 ;; esac
+  [ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] && tool ls || return 1
+  set -- "$d" "$c"; p=${{c%/*}}
+  while [ -n "$p" ]; do set -- "$@" "$p"; p=${{p%/*}}; done
+  set -f; IFS=$nl; set -- $(LC_ALL=C "$x" -dn -- "$@" / 2>/dev/null); unset IFS
+  [ "$#" -gt 0 ] || {{ set +f; return 1; }}
+  for l do row $l || {{ set +f; return 1; }}; done
+  set +f
+}}
+# row FIELDS: one line of mine's ls
+row() {{
+  [ "$#" -eq 9 ] && [ "$3" = 0 ] || return 1
+  m=${{1%.}}
+  case $9 in
+  "$d") case $m in {mode_s}) ;; *) return 1 ;; esac ;;
+  "$c") case $m in {mode_c}) ;; *) return 1 ;; esac ;;
+  *) case $m in {mode_a}) ;; *) return 1 ;; esac ;;
+  esac
 }}
 # run ARGS: ARGS with this stderr (on fd 7): the shell's own "Killed" for a runtime killed
 # by a signal goes to /dev/null (the worker says it, in one line)
@@ -287,20 +305,37 @@ if [ -z "$h" ]; then
 fi
 f=$c/{FRONT_CACHE}
 cfg=${{NVSHIM_CONFIG:-{DEFAULT_CONFIG}}}
-[ -f "$f" ] && [ ! -L "$f" ] && [ -O "$f" ] || py "$@"
-rt= t=
-{{
-  IFS= read -r l1; IFS= read -r l2; IFS= read -r l3
-  while IFS= read -r w && [ -n "$w" ]; do t=$t$w$nl; done
-  while IFS= read -r p && IFS= read -r r; do
-    [ "$p" = "${{PATH-}}" ] && {{ rt=$r; break; }}
+# safe: the cache directory $c and every directory above it are real directories (no
+# symlink) of this user's (root's), named plainly: only root can change what $c leads
+# to (the modes, which test cannot see, are checked by nvshim-runtimed at start, by
+# Python before it writes here, and by mine before a slot is used)
+safe() {{
+  case $c in *[!A-Za-z0-9/._+@:-]*|*//*|*/|*/./*|*/.|*/../*|*/..) return 1 ;; esac
+  p=$c
+  while [ -n "$p" ]; do
+    [ -d "$p" ] && [ ! -L "$p" ] && [ -O "$p" ] || return 1
+    p=${{p%/*}}
   done
+}}
+[ -f "$f" ] && [ ! -L "$f" ] && safe || py "$@"
+rt= t= l1=
+# the cache as opened (fd 0 of this group): a regular file of this user's, newer than
+# the configuration, checked and read through the one open file
+{{
+  [ -f /proc/self/fd/0 ] && [ -O /proc/self/fd/0 ] && {{ [ ! -e "$cfg" ] ||
+    [ /proc/self/fd/0 -nt "$cfg" ]; }} && {{
+    IFS= read -r l1; IFS= read -r l2; IFS= read -r l3
+    while IFS= read -r w && [ -n "$w" ]; do t=$t$w$nl; done
+    while IFS= read -r p && IFS= read -r r; do
+      [ "$p" = "${{PATH-}}" ] && {{ rt=$r; break; }}
+    done
+  }}
 }} <"$f"
 [ "$l1" = {sh_quote(f"nvshim {__version__}")} ] && [ "$l2" = "$cfg" ] || py "$@"
 # only an absolute runtime: a PATH with a relative entry has no pair (passthrough.fixed)
 case $rt in /*) [ -f "$rt" ] && [ -x "$rt" ] || rt= ;; *) rt= ;; esac
 if [ -e "$cfg" ]; then
-  [ "$l3" = present ] && [ "$f" -nt "$cfg" ] || py "$@"
+  [ "$l3" = present ] || py "$@"
 else
   [ "$l3" = missing ] || py "$@"
 fi

@@ -38,9 +38,14 @@ def _report(args, message: str) -> None:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         line = fastjson.dumps(record) if args.log_format == "json" else record["msg"]
+        from nvshim.log import open_log
+
         try:
-            with open(args.log, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
+            fd = open_log(args.log)  # no symlink followed, no FIFO waited on
+            try:
+                os.write(fd, (line + "\n").encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
         except OSError:
             pass
 

@@ -53,8 +53,10 @@ def mark_prepared(cache_dir: str, container_id: str, root: str = "", prepared: b
     """Leave a marker holding ``root`` (or, for a container asking for no GPU, remove a
     stale one). Written atomically, with the caller's umask. Without it an exec would
     escape the enforcement, so failing to write it fails the create (NvshimError)."""
-    if not valid_id(container_id):
-        return
+    from nvshim.trusted import cache_dir_trusted
+
+    if not valid_id(container_id) or not cache_dir_trusted(cache_dir):
+        return  # in a directory others could change the front trusts nothing: no marker
     directory = os.path.join(cache_dir, MARKER_DIR)
     path = os.path.join(directory, container_id)
     if not prepared:
@@ -156,9 +158,12 @@ def delete_unmarking(cache_dir: str, runtime: str, argv: list[str], container_id
     or had no runtime for this ``PATH``): for a marked container, run it through
     ``lowlevel`` and remove the marker once it succeeded, as the front does; its exit
     status. None: no marker (the caller execs the runtime)."""
-    if not valid_id(container_id) or not os.path.lexists(
-        os.path.join(cache_dir, MARKER_DIR, container_id)
-    ):
+    from nvshim.trusted import cache_dir_trusted
+
+    marker = os.path.join(cache_dir, MARKER_DIR, container_id)
+    if not valid_id(container_id) or not cache_dir_trusted(cache_dir):
+        return None  # no marker is kept, nor removed, where others could change the path
+    if not os.path.lexists(marker):
         return None
     lowlevel.start(runtime, argv, [])
     status = lowlevel.wait()

@@ -113,6 +113,10 @@ def resolve_and_remember() -> str:
     if any("\n" in v for v in (*head, *mine)) or not all(triggers):
         return runtime
     entry = entry_file()
+    from nvshim.trusted import cache_dir_trusted
+
+    if not cache_dir_trusted():  # a directory others could change: no cache (the front
+        return runtime  # starts Python for every call)
     pairs, settled = _trusted_pairs(entry, head, None if before is None else before[2])
     # one (PATH, runtime) pair per caller's PATH (engines differ), the newest first; none
     # for a look-up that depends on the directory (the head and triggers still serve)

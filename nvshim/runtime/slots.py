@@ -6,15 +6,17 @@ user reaches it), each a claim file and two FIFOs that every daemon process hold
 for reading and writing: ``K.r`` (daemon -> front) and ``K.u`` (front -> daemon). The
 front (``nvshim.runtime.front``, function ``srv``)
 
-0. uses the directory only if it is its own user's (``test -O``), no symlink, mode 0700,
-   in a cache directory of its user's that group and others cannot write (``ls -dnL``,
-   one process), and a slot only if both FIFOs are its user's and no symlinks: a
-   directory another user planted is never written to (Python does the call);
+0. uses the directory only if one ``ls -dn`` (an lstat of each path) shows it and
+   every directory from ``/`` to it root's, no symlink, those above the cache directory
+   not writable by group or others unless sticky, the cache directory not writable by
+   group or others, the slot directory 0700; and a slot only if both FIFOs, as opened
+   (``/proc/self/fd``), are its user's: a directory another user planted or swapped in
+   is never written to (Python does the call);
 1. claims a slot: creates ``K.c`` with ``set -C`` (``O_EXCL``), its pid inside;
 2. opens ``K.r`` for reading only (opening it read-write first, so the open never
    waits), so that a daemon that is gone reads as end of file, never as a hang;
 3. writes ``PID NARGS`` to ``K.u``: the parent reads it and hands the slot to a worker
-   (or declines at once when every worker is busy and no more may be added);
+   (or declines it when every worker stays busy, no more may be added, for ``QUEUE_WAIT``);
 4. waits ``ACK_WAIT`` seconds at most for the first answer: a watchdog subshell (killed,
    with its ``sleep``, once an answer came) writes ``t`` to ``K.r``; on ``t`` the front
    writes ``n`` to ``K.u`` and Python does the call (a stopped or hung daemon);

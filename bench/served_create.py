@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""A 1-GPU create served by nvshim-runtimed (through a slot) and a pass-through ``list``,
+paired round by round with bare runc (no GPU) and, with ``--previous DIR``, with the
+nvshim of another checkout served by its own daemon: what a change to the served path
+costs, measured in one run (the shared VMs drift too much between runs).
+
+Prints the medians, the paired differences and ratios, the yardstick (one
+``python3 -IS -c pass``) and how each daemon served the calls.
+
+Run as root: ``.venv/bin/python3 bench/served_create.py [--rounds N] [--previous DIR]``
+(``DIR``: a tree holding an earlier ``nvshim`` package, e.g. from ``git archive``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.creates import RUNC, installed, running_daemon  # noqa: E402
+from nvshim.launch import real_interpreter  # noqa: E402
+from tests.podman_util import make_busybox_rootfs  # noqa: E402
+from tests.runc_util import make_bundle  # noqa: E402
+from tests.sim.simhost import build_host  # noqa: E402
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True)
+    return (time.perf_counter() - start) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--previous", help="a tree holding an earlier nvshim package")
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as w:
+        sim = build_host("single", os.path.join(w, "host"))
+        rootfs = make_busybox_rootfs(os.path.join(w, "rootfs"), glibc_loader=False)
+        ours = {"this tree": installed(w, "this", REPO, sim)}
+        if opts.previous:
+            ours["previous"] = installed(w, "previous", os.path.abspath(opts.previous), sim)
+        state = os.path.join(w, "state")
+
+        def create(runtime: str, env: dict[str, str], cid: str, gpu: bool = True) -> float:
+            request = {"NVIDIA_VISIBLE_DEVICES": "0"} if gpu else {}
+            bundle = make_bundle(w, rootfs, ["/bin/true"], env=request, name=cid)
+            took = timed([runtime, "--root", state, "create", "--pid-file", f"{bundle}/pid",
+                          "--bundle", bundle, cid], env)  # fmt: skip
+            subprocess.run([RUNC, "--root", state, "delete", "--force", cid], check=True)
+            shutil.rmtree(bundle)
+            return took
+
+        env = next(iter(ours.values()))[1]
+        figures: dict[str, list[float]] = {}
+        with contextlib.ExitStack() as stack:
+            for runtime, case_env in ours.values():
+                stack.enter_context(running_daemon(os.path.dirname(runtime), case_env))
+            for i in range(opts.rounds + 1):  # the first round warms the caches
+                row = {"create: runc, no GPU": create(RUNC, env, f"r{i}", gpu=False),
+                       "list: runc": timed([RUNC, "--root", state, "list"], env)}  # fmt: skip
+                for name, (runtime, case_env) in ours.items():
+                    row[f"create: {name}"] = create(runtime, case_env, f"{name[0]}{i}")
+                    row[f"list: {name}"] = timed([runtime, "--root", state, "list"], case_env)
+                for case, value in row.items():
+                    if i:
+                        figures.setdefault(case, []).append(value)
+        yardstick = statistics.median(
+            timed([real_interpreter(), "-IS", "-c", "pass"], env) for _ in range(9)
+        )
+    bare_create, bare_list = figures["create: runc, no GPU"], figures["list: runc"]
+    print(f"{opts.rounds} paired rounds on {os.cpu_count()} cores (ms, medians):")
+    for name in ours:
+        create_ms, list_ms = figures[f"create: {name}"], figures[f"list: {name}"]
+        added = statistics.median(a - b for a, b in zip(create_ms, bare_create, strict=True))
+        ratio = statistics.median(a / b for a, b in zip(list_ms, bare_list, strict=True))
+        print(f"  {name:<10} 1-GPU create {statistics.median(create_ms):6.1f} (runc, no GPU "
+              f"{statistics.median(bare_create):5.1f}): {added:+6.1f} = "
+              f"{added / yardstick:+.1f} yardsticks; list {ratio:.2f}x runc")  # fmt: skip
+    if opts.previous:
+        diff = statistics.median(
+            a - b
+            for a, b in zip(
+                figures["create: this tree"], figures["create: previous"], strict=True
+            )  # fmt: skip
+        )
+        print(f"  this tree - previous, 1-GPU create: {diff:+.1f} ms (paired)")
+    print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (median of 9, after the rounds)")
+
+
+if __name__ == "__main__":
+    main()

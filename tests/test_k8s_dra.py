@@ -397,20 +397,20 @@ def test_daemonset_deploys_the_driver(cluster, ns, launchers):
     k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present=true")
     try:
         k8s.apply(manifest)
-        _wait(lambda: k8s.get("pods", "-n", "nvshim")["items"], 60)
-        k8s.wait("pod", "-n", "nvshim", "-l", "app.kubernetes.io/name=nvshim-dra",
+        _wait(lambda: k8s.get("pods", "-n", "nvshim-dra")["items"], 60)
+        k8s.wait("pod", "-n", "nvshim-dra", "-l", "app.kubernetes.io/name=nvshim-dra",
                  "--for=condition=Ready", timeout=180)  # fmt: skip
         _wait(
             lambda: k8s.get("resourceslices")["items"],
             60,
-            lambda: k8s.kubectl("logs", "-n", "nvshim", "ds/nvshim-dra", check=False).stdout,
+            lambda: k8s.kubectl("logs", "-n", "nvshim-dra", "ds/nvshim-dra", check=False).stdout,
         )
         (one,) = k8s.get("resourceslices")["items"]
         assert one["spec"]["nodeName"] == NODE_NAME  # written under the admission policy
         _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
                _pod("p", {"resourceClaimTemplateName": "one"}))  # fmt: skip
         out = _output(k8s, ns, "p")
-        logs = k8s.kubectl("logs", "-n", "nvshim", "ds/nvshim-dra").stdout
+        logs = k8s.kubectl("logs", "-n", "nvshim-dra", "ds/nvshim-dra").stdout
         (device,) = _prepared(logs, ns)
         gpu = _host(k8s).gpu(int(device.split("-")[1]))
         assert out["cvd"] == [gpu.uuid] and out["node"] == [f"nvidia{gpu.minor}"]

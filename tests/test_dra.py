@@ -244,6 +244,25 @@ def test_slices_hold_every_gpu_and_mig_device_with_attributes(sim):
     assert mattrs["attributes"]["profile"] == {"string": mig.profile}
     assert mattrs["attributes"]["parentUUID"] == {"string": host.gpu(mig.parent_index).uuid}
     assert int(mattrs["capacity"]["multiprocessors"]["value"]) > 0
+    # the reference driver's MIG capacities, from NVML's GPU instance profile info
+    topo = {m["uuid"]: m for g in simhost.topology["gpus"] for m in g.get("mig_devices", [])}
+    held: dict[int, list[int]] = {}
+    for m in host.mig_devices():
+        capacity = devices[f"mig-{m.parent_index}-{m.index}"]["capacity"]
+        want = topo[m.uuid]
+        for name, key in (("copyEngines", "copy_engines"), ("decoders", "decoders"),
+                          ("encoders", "encoders"), ("jpegEngines", "jpegs"),
+                          ("ofaEngines", "ofas")):  # fmt: skip
+            assert capacity[name] == {"value": str(want[key])}, (name, m.profile)
+        slices_ = sorted(int(k[len("memorySlice") :]) for k in capacity if k.startswith("memorySl"))
+        assert slices_ and slices_ == list(range(slices_[0], slices_[-1] + 1)), slices_
+        assert all(capacity[f"memorySlice{n}"] == {"value": "1"} for n in slices_)
+        assert 0 <= slices_[0] and slices_[-1] <= 7
+        if m.ci == min(x.ci for x in host.mig_devices() if (x.parent_index, x.gi) == (
+                m.parent_index, m.gi)):  # fmt: skip
+            taken = held.setdefault(m.parent_index, [])
+            assert not set(taken) & set(slices_), (m.profile, taken, slices_)  # disjoint GIs
+            taken += slices_
 
 
 def test_slices_carry_pcie_root_and_paired_nic(tmp_path):

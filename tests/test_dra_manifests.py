@@ -74,6 +74,7 @@ def test_daemonset_runs_nvshim_dra_with_the_kubelets_paths(docs):
     assert host_path_of(given["mps-root"]) == given["mps-root"]
     assert host_path_of(given["host-root"]) == "/"
     assert "driver-root" not in given and "dev-root" not in given  # settings, not hard-coded
+    assert pod["hostPID"] is True  # the claims' MPS daemons outlive the pod
     mps_mount = max((m for m in mounts if given["mps-root"].startswith(m)), key=len)
     assert mounts[mps_mount]["mountPropagation"] == "Bidirectional"  # daemon shm for the node
     env = {e["name"]: e for e in container["env"]}

@@ -522,7 +522,7 @@ def test_uninstall_leaves_nothing(cluster):
         assert "dra-mps" not in fh.read()  # and their shm mounts
 
 
-def _dra_manifest(k8s, launchers: str) -> str:
+def _dra_manifest(k8s, launchers: str, driver_root: bool = True) -> str:
     """packaging/kubernetes/dra as shipped, set for a driver container's layout the way a
     user would (NVIDIA_DRIVER_ROOT=/run/nvidia/driver, the node installer's variable), the
     image built from this checkout and this checkout's hook launcher."""
@@ -536,7 +536,7 @@ def _dra_manifest(k8s, launchers: str) -> str:
         if doc["kind"] == "DaemonSet":
             (container,) = doc["spec"]["template"]["spec"]["containers"]
             container["image"], container["imagePullPolicy"] = tag, "Never"
-            for env in container["env"]:
+            for env in container["env"] if driver_root else ():
                 if env["name"] == "NVIDIA_DRIVER_ROOT":
                     env["value"] = DRIVER_ROOT
         if doc["kind"] == "ConfigMap":  # the node's hook: this checkout's launcher
@@ -551,10 +551,13 @@ def test_daemonset_deploys_the_driver(cluster, ns, launchers):
     NVIDIA_DRIVER_ROOT); a pod gets its GPU through it; deleting it removes the plugin's
     sockets."""
     k8s, _ = cluster
-    manifest = _dra_manifest(k8s, launchers)
-    k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present=true")
+    manifest = _dra_manifest(k8s, launchers, driver_root=False)
     try:
-        k8s.apply(manifest)
+        k8s.apply(manifest)  # no GPU node labelled yet: no pod
+        # docs/dra.md, word for word
+        k8s.kubectl(*"-n nvshim-dra set env daemonset/nvshim-dra "
+                    "NVIDIA_DRIVER_ROOT=/run/nvidia/driver".split())  # fmt: skip
+        k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present=true")
         _wait(lambda: k8s.get("pods", "-n", "nvshim-dra")["items"], 60)
         k8s.wait("pod", "-n", "nvshim-dra", "-l", "app.kubernetes.io/name=nvshim-dra",
                  "--for=condition=Ready", timeout=180)  # fmt: skip
@@ -574,6 +577,30 @@ def test_daemonset_deploys_the_driver(cluster, ns, launchers):
         assert out["cvd"] == [gpu.uuid] and out["node"] == [f"nvidia{gpu.minor}"]
         k8s.kubectl("delete", "pod", "-n", ns, "p", "--wait=true", "--timeout=60s")
         _wait(lambda: _cdi_specs(k8s) == [], 60)
+        # a rolling update (the plugin pod deleted) with an MPS claim's pod running: its
+        # daemon, moved out of the plugin pod, outlives it and the new pod adopts it
+        params = {"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
+                  "sharing": {"strategy": "MPS"}}  # fmt: skip
+        template = _template("mps", {"deviceClassName": "gpu.nvshim.io"})
+        template["spec"]["spec"]["devices"]["config"] = [
+            {"opaque": {"driver": "gpu.nvshim.io", "parameters": params}}
+        ]
+        _apply(k8s, ns, template, _pod("m", {"resourceClaimTemplateName": "mps"}, "sleep 3600"))
+        k8s.wait("pod/m", "-n", ns, "--for=condition=Ready", timeout=120)
+        logs = k8s.kubectl("logs", "-n", "nvshim-dra", "ds/nvshim-dra").stdout
+        (device,) = {line.split("): ", 1)[1].split(" [")[0] for line in logs.splitlines()
+                     if f"prepare {ns}/m-" in line}  # fmt: skip
+        assert "stays in this pod" not in logs, logs
+        uuid = _host(k8s).gpu(int(device.split("-")[1])).uuid
+        pid_file = k8s.path(f"/run/nvshim/dra-mps/{uuid}/pipe/nvidia-cuda-mps-control.pid")
+        pid = open(pid_file).read().strip()
+        k8s.kubectl("delete", "pod", "-n", "nvshim-dra", "-l",
+                    "app.kubernetes.io/name=nvshim-dra", "--wait=true", timeout=120)  # fmt: skip
+        _wait(lambda: f"adopted its MPS daemon (pid {pid})" in k8s.kubectl(
+            "logs", "-n", "nvshim-dra", "ds/nvshim-dra", check=False).stdout, 180)  # fmt: skip
+        assert open(pid_file).read().strip() == pid and _mps_log_starts(k8s, uuid) == 1
+        k8s.kubectl("delete", "pod", "-n", ns, "m", "--wait=true", "--timeout=60s")
+        _wait(lambda: not os.path.exists(k8s.path(f"/run/nvshim/dra-mps/{uuid}")), 60)
     finally:
         k8s.kubectl("delete", "-f", "-", "--wait=true", "--timeout=120s", "--ignore-not-found",
                     input=manifest, check=False)  # fmt: skip

@@ -307,19 +307,29 @@ class Driver:
         status = start_daemon(self.host, share, self.mps_root)
         if not status.running:
             raise PrepareError(f"MPS daemon for {device.uuid} did not start: {status.problem}")
-        self._record_daemon(limits)
+        self._record_daemon(limits, detach=status.action == "started")
         return share
 
-    def _record_daemon(self, limits: dict[str, Any]) -> bool:
+    def _record_daemon(self, limits: dict[str, Any], detach: bool = False) -> bool:
         """Record the running daemon's identity (pid, start time) in ``limits``; False when
-        none runs."""
+        none runs. ``detach``: in a pod, move a daemon just started out of the pod's
+        cgroups (nvshim.dra.detach), so it outlives the pod."""
         from nvshim.mps.daemon import daemon_dirs, pin_daemon
 
         pinned = pin_daemon(daemon_dirs(self.mps_root, limits["uuid"]).pipe)
         if pinned is None:
             return False
-        os.close(pinned[0])
-        limits["pid"], limits["start_time"] = pinned[1], pinned[2]
+        fd, limits["pid"], limits["start_time"] = pinned
+        try:
+            if detach and self.host_root not in ("", "/"):
+                from nvshim.dra.detach import leave_pod
+                from nvshim.dra.server import log
+
+                why = leave_pod(fd, limits["pid"])
+                if why:
+                    log(f"MPS daemon {limits['pid']} of {limits['uuid']} stays in this pod: {why}")
+        finally:
+            os.close(fd)
         return True
 
     def _adopt_mps(self, limits: dict[str, Any]) -> str:

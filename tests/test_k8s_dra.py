@@ -35,6 +35,15 @@ SHOW = (
 )
 
 
+FAKE_CONTROL_LAUNCHER = """#!/bin/sh
+for py in /usr/bin/python3 /opt/nvshim/bin/python3; do
+    [ -x "$py" ] && exec "$py" -IS "$0.py" "$@"
+done
+echo "no python3 for $0" >&2
+exit 127
+"""
+
+
 class Plugin:
     """``nvshim dra run`` inside the cluster's namespaces, its stderr in a file."""
 
@@ -95,12 +104,15 @@ def cluster(launchers):
     if k8s_archive() is None:  # as the harness's own fixtures: only without the archive
         pytest.skip("no Kubernetes archive (../shared/k8s, $NVSHIM_K8S_ARCHIVE)")
     c = Cluster(containerd="1.7").start()
-    # the claims' MPS daemons: the fake control binary in the simulated driver root
+    # the claims' MPS daemons: the fake control binary in the simulated driver root, run by
+    # whichever Python the mount namespace has (the node's, or the plugin image's own: the
+    # DaemonSet's pod has no /usr/bin/python3)
     for rel, text in fake_mps_control.extra_files().items():
         path = c.sim.host_path("/" + rel)
-        with open(path, "w") as fh:
-            fh.write(text)
-        os.chmod(path, 0o755)
+        for name, body in ((path + ".py", text), (path, FAKE_CONTROL_LAUNCHER)):
+            with open(name, "w") as fh:
+                fh.write(body)
+            os.chmod(name, 0o755)
     tmp = tempfile.mkdtemp(prefix="k8s-dra-")
     config = os.path.join(tmp, "config.toml")
     with open(config, "w") as fh:
@@ -476,19 +488,29 @@ def _mps_log_starts(k8s, uuid: str) -> int:
         return sum(1 for line in fh if line.startswith("start "))
 
 
-def test_mps_daemon_outlives_a_plugin_restart(cluster, ns):
-    """kill -9 of the plugin with an MPS claim's pod running: the claim's daemon runs on,
-    the new plugin adopts it (same process, one start in its log), the pod's deletion
-    stops it."""
-    k8s, plugin = cluster
+def _running_mps_pod(k8s, ns: str, name: str) -> None:
+    """A pod ``name`` holding an MPS-shared GPU (claim template ``mps``), Ready."""
     params = {"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
               "sharing": {"strategy": "MPS"}}  # fmt: skip
     template = _template("mps", {"deviceClassName": "gpu.nvshim.io"})
     template["spec"]["spec"]["devices"]["config"] = [
         {"opaque": {"driver": "gpu.nvshim.io", "parameters": params}}
     ]
-    _apply(k8s, ns, template, _pod("p", {"resourceClaimTemplateName": "mps"}, "sleep 3600"))
-    k8s.wait("pod/p", "-n", ns, "--for=condition=Ready", timeout=120)
+    _apply(k8s, ns, template, _pod(name, {"resourceClaimTemplateName": "mps"}, "sleep 3600"))
+    _wait(lambda: _ready(k8s, ns, name), 120, lambda: _events(k8s, ns, name))
+
+
+def _ready(k8s, ns: str, name: str) -> bool:
+    conditions = k8s.get("pod", "-n", ns, name).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def test_mps_daemon_outlives_a_plugin_restart(cluster, ns):
+    """kill -9 of the plugin with an MPS claim's pod running: the claim's daemon runs on,
+    the new plugin adopts it (same process, one start in its log), the pod's deletion
+    stops it."""
+    k8s, plugin = cluster
+    _running_mps_pod(k8s, ns, "p")
     (device,) = _prepared(plugin.log(), ns)
     uuid = _host(k8s).gpu(int(device.split("-")[1])).uuid
     pid_file = k8s.path(f"/run/nvshim/dra-mps/{uuid}/pipe/nvidia-cuda-mps-control.pid")
@@ -579,14 +601,7 @@ def test_daemonset_deploys_the_driver(cluster, ns, launchers):
         _wait(lambda: _cdi_specs(k8s) == [], 60)
         # a rolling update (the plugin pod deleted) with an MPS claim's pod running: its
         # daemon, moved out of the plugin pod, outlives it and the new pod adopts it
-        params = {"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
-                  "sharing": {"strategy": "MPS"}}  # fmt: skip
-        template = _template("mps", {"deviceClassName": "gpu.nvshim.io"})
-        template["spec"]["spec"]["devices"]["config"] = [
-            {"opaque": {"driver": "gpu.nvshim.io", "parameters": params}}
-        ]
-        _apply(k8s, ns, template, _pod("m", {"resourceClaimTemplateName": "mps"}, "sleep 3600"))
-        k8s.wait("pod/m", "-n", ns, "--for=condition=Ready", timeout=120)
+        _running_mps_pod(k8s, ns, "m")
         logs = k8s.kubectl("logs", "-n", "nvshim-dra", "ds/nvshim-dra").stdout
         (device,) = {line.split("): ", 1)[1].split(" [")[0] for line in logs.splitlines()
                      if f"prepare {ns}/m-" in line}  # fmt: skip

@@ -1144,3 +1144,38 @@ def test_driver_container_layout_from_the_installers_variables(api, tmp_path, sh
         slices.withdraw(api.kube, "ctr-node")
     api.kube.delete(f"{CLAIMS}/ctr")
     assert simhost.driver_root == str(node_root / "run/nvidia/driver")
+
+
+def test_publisher_follows_a_mig_layout_change_within_a_tick(api, tmp_path, short_tmp):
+    """A MIG reconfiguration need not touch a file the host key reads (the capability
+    nodes exist for every instance): NVML's layout is compared at every tick, so the
+    slices follow on the next one."""
+    from nvshim.dra.run import Publisher
+
+    simhost = build_host("h100x8-mig", str(tmp_path / "host"))
+    host = discover_host(simhost.driver_root, simhost.dev_root)
+    config = tmp_path / "config.toml"
+    config.write_text(f'[host]\ndriver-root = "{simhost.driver_root}"\n')
+    scratch = [str(short_tmp / d) for d in ("cdi", "p", "mps")]
+    driver = Driver(api.kube, "mig-node", host, load_config(str(config)), *scratch)
+    publisher = Publisher(api.kube, "mig-node", driver, simhost.driver_root, simhost.dev_root)
+    publisher.tick(resync=3600)
+    (first,) = slices.node_slices(api.kube, "mig-node")
+    gone = host.mig_devices()[-1]
+    name = f"mig-{gone.parent_index}-{gone.index}"
+    assert name in [d["name"] for d in first["spec"]["devices"]]
+    with open(simhost.topology_path) as fh:
+        lines = fh.read().splitlines(keepends=True)
+    with open(simhost.topology_path, "w") as fh:  # the instance destroyed
+        fh.writelines(line for line in lines if f"uuid={gone.uuid} " not in line)
+    started = time.monotonic()
+    publisher.tick(resync=3600)
+    (after,) = slices.node_slices(api.kube, "mig-node")
+    assert name not in [d["name"] for d in after["spec"]["devices"]]
+    assert after["spec"]["pool"]["generation"] == first["spec"]["pool"]["generation"] + 1
+    assert gone.uuid not in [m.uuid for m in driver.host.mig_devices()]
+    assert time.monotonic() - started < 10
+    publisher.tick(resync=3600)  # nothing more changed: nothing rewritten
+    (same,) = slices.node_slices(api.kube, "mig-node")
+    assert same["metadata"]["resourceVersion"] == after["metadata"]["resourceVersion"]
+    slices.withdraw(api.kube, "mig-node")

@@ -755,19 +755,26 @@ def test_claim_config_overrides_the_class_config_per_request():
     assert (got["c/sub"].strategy, got["c/sub"].threads) == ("MPS", 60)
 
 
-def test_publisher_rewrites_the_slices_when_the_host_changes(api, tmp_path, short_tmp):
-    """The refresh key (device nodes here) changes: rediscovery, a new pool generation
-    without the GPU whose node went away; unchanged: nothing sent until the resync."""
+def _publisher(api, profile: str, node: str, tmp_path, short_tmp):
+    """A simulated host of ``profile``, its Driver and a Publisher that has ticked once."""
     from nvshim.dra.run import Publisher
 
-    simhost = build_host("single", str(tmp_path / "host"))
+    simhost = build_host(profile, str(tmp_path / "host"))
     host = discover_host(simhost.driver_root, simhost.dev_root)
     config = tmp_path / "config.toml"
     config.write_text(f'[host]\ndriver-root = "{simhost.driver_root}"\n')
     scratch = [str(short_tmp / d) for d in ("cdi", "p", "mps")]
-    driver = Driver(api.kube, "change-node", host, load_config(str(config)), *scratch)
-    publisher = Publisher(api.kube, "change-node", driver, simhost.driver_root, simhost.dev_root)
+    driver = Driver(api.kube, node, host, load_config(str(config)), *scratch)
+    publisher = Publisher(api.kube, node, driver, simhost.driver_root, simhost.dev_root)
     publisher.tick(resync=3600)
+    return simhost, host, driver, publisher
+
+
+def test_publisher_rewrites_the_slices_when_the_host_changes(api, tmp_path, short_tmp):
+    """The refresh key (device nodes here) changes: rediscovery, a new pool generation
+    without the GPU whose node went away; unchanged: nothing sent until the resync."""
+    simhost, host, driver, publisher = _publisher(api, "single", "change-node", tmp_path,
+                                                  short_tmp)  # fmt: skip
     (first,) = slices.node_slices(api.kube, "change-node")
     assert [d["name"] for d in first["spec"]["devices"]] == ["gpu-0"]
     publisher.tick(resync=3600)  # nothing changed: the slice is not rewritten
@@ -1150,16 +1157,8 @@ def test_publisher_follows_a_mig_layout_change_within_a_tick(api, tmp_path, shor
     """A MIG reconfiguration need not touch a file the host key reads (the capability
     nodes exist for every instance): NVML's layout is compared at every tick, so the
     slices follow on the next one."""
-    from nvshim.dra.run import Publisher
-
-    simhost = build_host("h100x8-mig", str(tmp_path / "host"))
-    host = discover_host(simhost.driver_root, simhost.dev_root)
-    config = tmp_path / "config.toml"
-    config.write_text(f'[host]\ndriver-root = "{simhost.driver_root}"\n')
-    scratch = [str(short_tmp / d) for d in ("cdi", "p", "mps")]
-    driver = Driver(api.kube, "mig-node", host, load_config(str(config)), *scratch)
-    publisher = Publisher(api.kube, "mig-node", driver, simhost.driver_root, simhost.dev_root)
-    publisher.tick(resync=3600)
+    simhost, host, driver, publisher = _publisher(api, "h100x8-mig", "mig-node", tmp_path,
+                                                  short_tmp)  # fmt: skip
     (first,) = slices.node_slices(api.kube, "mig-node")
     gone = host.mig_devices()[-1]
     name = f"mig-{gone.parent_index}-{gone.index}"

@@ -45,16 +45,14 @@ def _targets(init_cgroups: str, mounts: str) -> list[tuple[str, str]]:
     return out
 
 
-def _in_child(pid: int) -> str:
-    """In a forked child: enter PID 1's cgroup namespace, write ``pid`` into every
-    hierarchy's cgroup of PID 1. Returns what failed ('' when nothing)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
+def _in_child(pid: int, libc, get_errno) -> str:
+    """In a forked child (``libc`` loaded before the fork: nothing here imports): enter
+    PID 1's cgroup namespace, write ``pid`` into every hierarchy's cgroup of PID 1.
+    Returns what failed ('' when nothing)."""
     fd = os.open("/proc/1/ns/cgroup", os.O_RDONLY | os.O_CLOEXEC)
     try:
         if libc.setns(fd, _CLONE_NEWCGROUP) != 0:
-            return f"setns(cgroup of PID 1): {os.strerror(ctypes.get_errno())}"
+            return f"setns(cgroup of PID 1): {os.strerror(get_errno())}"
     finally:
         os.close(fd)
     with open("/proc/1/cgroup", encoding="utf-8") as fh:
@@ -74,12 +72,17 @@ def leave_pod(pidfd: int, pid: int) -> str | None:
     done, else why not (one line)."""
     if not shares_node_pids():
         return "the plugin's pod does not share the node's PID namespace (hostPID)"
+    import ctypes
+
+    from nvshim.mps.daemon import wait_pidfd
+
+    libc = ctypes.CDLL(None, use_errno=True)  # before the fork: the child only calls it
     r, w = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - in the child
         try:
             os.close(r)
-            os.write(w, _in_child(pid).encode()[:500])
+            os.write(w, _in_child(pid, libc, ctypes.get_errno).encode()[:500])
         except BaseException as err:  # noqa: BLE001 - reported through the pipe
             os.write(w, str(err).encode()[:500])
         os._exit(0)
@@ -87,8 +90,24 @@ def leave_pod(pidfd: int, pid: int) -> str | None:
     with os.fdopen(r, "rb") as fh:
         failed = fh.read().decode("utf-8", "replace")
     os.waitpid(child, 0)
-    from nvshim.mps.daemon import wait_pidfd
-
+    if failed:
+        return f"cannot move it out of the pod's cgroups: {failed}"
+    still = _shared_cgroups(pid)
     if wait_pidfd(pidfd, 0):
         return "the daemon exited"
-    return f"cannot move it out of the pod's cgroups: {failed}" if failed else None
+    return f"still in the pod's cgroups: {', '.join(still)}" if still else None
+
+
+def _shared_cgroups(pid: int) -> list[str]:
+    """The hierarchies in which ``pid`` is still in this process's own cgroup."""
+
+    def cgroups(who: str) -> dict[str, str]:
+        try:
+            with open(f"/proc/{who}/cgroup", encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            return {}
+        return {p[1] or "v2": p[2] for p in (line.split(":", 2) for line in lines) if len(p) == 3}
+
+    mine, its = cgroups("self"), cgroups(str(pid))
+    return sorted(h for h, path in its.items() if mine.get(h) == path and path != "/")

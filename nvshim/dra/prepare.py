@@ -343,9 +343,11 @@ class Driver:
             if pinned is not None:
                 os.close(pinned[0])
                 return f"adopted its MPS daemon (pid {recorded[0]})"
+        was = f"pid {recorded[0]} recorded" if recorded[0] else "none recorded"
+        if self._record_daemon(limits):  # another process serves the claim's pipe directory
+            return f"adopted the MPS daemon serving its pipe directory (pid {limits['pid']}; {was})"
         self._start_mps(limits)
-        gone = f"pid {recorded[0]} is gone" if recorded[0] else "none was recorded"
-        return f"started its MPS daemon again (pid {limits.get('pid')}; {gone})"
+        return f"started its MPS daemon again (pid {limits.get('pid')}; {was}, gone)"
 
     def _spec(self, uid, results, by_name, per_request) -> dict[str, Any]:
         from nvshim.cdi.writer import assemble_spec
@@ -463,9 +465,9 @@ class Driver:
                     except (NvshimError, OSError, StopIteration) as err:
                         lines.append(f"{what}: MPS daemon: {err}")
             lines += self._remove_orphans()
-            if self.dirty or any(" started its MPS daemon" in line for line in lines):
+            if self.dirty or any(e["mps"] for e in self.claims.values()):
                 try:
-                    self._save()  # what was dropped or restarted, on disk
+                    self._save()  # what was dropped, and the daemons' identities, on disk
                 except PrepareError as err:
                     lines.append(str(err))
         return lines

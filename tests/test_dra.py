@@ -1179,3 +1179,38 @@ def test_publisher_follows_a_mig_layout_change_within_a_tick(api, tmp_path, shor
     (same,) = slices.node_slices(api.kube, "mig-node")
     assert same["metadata"]["resourceVersion"] == after["metadata"]["resourceVersion"]
     slices.withdraw(api.kube, "mig-node")
+
+
+def test_the_documented_upgrade_from_the_nvshim_namespace(api, tmp_path):
+    """docs/dra.md's upgrade command, run as written against a real API server holding an
+    old install (the driver in `nvshim`) beside the node installer: the old driver goes,
+    the node installer stays."""
+    import re
+
+    from tests.conftest import REPO
+    from tests.k8s.artifacts import k8s_bin
+
+    with open(os.path.join(REPO, "docs", "dra.md")) as fh:
+        (command,) = re.findall(r"^kubectl -n nvshim delete .*$", fh.read(), re.M)
+    api.kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": "nvshim"}})  # fmt: skip
+    pod = {
+        "metadata": {"labels": {"a": "b"}},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+    for name in ("nvshim-dra", "nvshim-node"):
+        api.kube.create("/apis/apps/v1/namespaces/nvshim/daemonsets", {
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": pod}})  # fmt: skip
+        api.kube.create("/api/v1/namespaces/nvshim/serviceaccounts", {
+            "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})  # fmt: skip
+    argv = [f"{k8s_bin()}/kubectl", f"--kubeconfig={api.kubeconfig}", *command.split()[1:]]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    left = [d["metadata"]["name"] for d in
+            api.kube.get("/apis/apps/v1/namespaces/nvshim/daemonsets")["items"]]  # fmt: skip
+    accounts = [a["metadata"]["name"] for a in
+                api.kube.get("/api/v1/namespaces/nvshim/serviceaccounts")["items"]]  # fmt: skip
+    assert left == ["nvshim-node"] and "nvshim-dra" not in accounts and "nvshim-node" in accounts
+    assert subprocess.run(argv, capture_output=True).returncode == 0  # again: nothing to do
+    api.kube.delete("/api/v1/namespaces/nvshim")

@@ -244,6 +244,25 @@ def test_slices_hold_every_gpu_and_mig_device_with_attributes(sim):
     assert mattrs["attributes"]["profile"] == {"string": mig.profile}
     assert mattrs["attributes"]["parentUUID"] == {"string": host.gpu(mig.parent_index).uuid}
     assert int(mattrs["capacity"]["multiprocessors"]["value"]) > 0
+    # the reference driver's MIG capacities, from NVML's GPU instance profile info
+    topo = {m["uuid"]: m for g in simhost.topology["gpus"] for m in g.get("mig_devices", [])}
+    held: dict[int, list[int]] = {}
+    for m in host.mig_devices():
+        capacity = devices[f"mig-{m.parent_index}-{m.index}"]["capacity"]
+        want = topo[m.uuid]
+        for name, key in (("copyEngines", "copy_engines"), ("decoders", "decoders"),
+                          ("encoders", "encoders"), ("jpegEngines", "jpegs"),
+                          ("ofaEngines", "ofas")):  # fmt: skip
+            assert capacity[name] == {"value": str(want[key])}, (name, m.profile)
+        slices_ = sorted(int(k[len("memorySlice") :]) for k in capacity if k.startswith("memorySl"))
+        assert slices_ and slices_ == list(range(slices_[0], slices_[-1] + 1)), slices_
+        assert all(capacity[f"memorySlice{n}"] == {"value": "1"} for n in slices_)
+        assert 0 <= slices_[0] and slices_[-1] <= 7
+        if m.ci == min(x.ci for x in host.mig_devices() if (x.parent_index, x.gi) == (
+                m.parent_index, m.gi)):  # fmt: skip
+            taken = held.setdefault(m.parent_index, [])
+            assert not set(taken) & set(slices_), (m.profile, taken, slices_)  # disjoint GIs
+            taken += slices_
 
 
 def test_slices_carry_pcie_root_and_paired_nic(tmp_path):
@@ -591,8 +610,8 @@ def _manifests() -> list[dict]:
 
 PATHS = {
     "Namespace": "/api/v1/namespaces",
-    "ServiceAccount": "/api/v1/namespaces/nvshim/serviceaccounts",
-    "ConfigMap": "/api/v1/namespaces/nvshim/configmaps",
+    "ServiceAccount": "/api/v1/namespaces/nvshim-dra/serviceaccounts",
+    "ConfigMap": "/api/v1/namespaces/nvshim-dra/configmaps",
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
     "ValidatingAdmissionPolicy": (
@@ -602,7 +621,7 @@ PATHS = {
         "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
     ),
     "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
-    "DaemonSet": "/apis/apps/v1/namespaces/nvshim/daemonsets",
+    "DaemonSet": "/apis/apps/v1/namespaces/nvshim-dra/daemonsets",
 }
 
 
@@ -614,7 +633,7 @@ def test_manifests_rbac_and_policy_hold_on_a_real_api_server(api, sim):
     api.kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
                                       "metadata": {"name": NODE}})  # fmt: skip
     pod = api.kube.create(
-        "/api/v1/namespaces/nvshim/pods",
+        "/api/v1/namespaces/nvshim-dra/pods",
         {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -627,7 +646,7 @@ def test_manifests_rbac_and_policy_hold_on_a_real_api_server(api, sim):
         },
     )
     token = api.kube.create(
-        "/api/v1/namespaces/nvshim/serviceaccounts/nvshim-dra/token",
+        "/api/v1/namespaces/nvshim-dra/serviceaccounts/nvshim-dra/token",
         {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
@@ -664,7 +683,7 @@ def test_manifests_rbac_and_policy_hold_on_a_real_api_server(api, sim):
     claim = _allocated_claim(api, "readable", [("gpu", "gpu-0")])
     assert plugin.get(f"{CLAIMS}/readable")["metadata"]["uid"] == claim["uid"]
     with pytest.raises(slices.KubeError) as denied:
-        plugin.get("/api/v1/namespaces/nvshim/secrets")
+        plugin.get("/api/v1/namespaces/nvshim-dra/secrets")
     assert denied.value.status == 403
     assert slices.withdraw(plugin, NODE) == 1
     api.kube.delete(f"{CLAIMS}/readable")
@@ -736,19 +755,26 @@ def test_claim_config_overrides_the_class_config_per_request():
     assert (got["c/sub"].strategy, got["c/sub"].threads) == ("MPS", 60)
 
 
-def test_publisher_rewrites_the_slices_when_the_host_changes(api, tmp_path, short_tmp):
-    """The refresh key (device nodes here) changes: rediscovery, a new pool generation
-    without the GPU whose node went away; unchanged: nothing sent until the resync."""
+def _publisher(api, profile: str, node: str, tmp_path, short_tmp):
+    """A simulated host of ``profile``, its Driver and a Publisher that has ticked once."""
     from nvshim.dra.run import Publisher
 
-    simhost = build_host("single", str(tmp_path / "host"))
+    simhost = build_host(profile, str(tmp_path / "host"))
     host = discover_host(simhost.driver_root, simhost.dev_root)
     config = tmp_path / "config.toml"
     config.write_text(f'[host]\ndriver-root = "{simhost.driver_root}"\n')
     scratch = [str(short_tmp / d) for d in ("cdi", "p", "mps")]
-    driver = Driver(api.kube, "change-node", host, load_config(str(config)), *scratch)
-    publisher = Publisher(api.kube, "change-node", driver, simhost.driver_root, simhost.dev_root)
+    driver = Driver(api.kube, node, host, load_config(str(config)), *scratch)
+    publisher = Publisher(api.kube, node, driver, simhost.driver_root, simhost.dev_root)
     publisher.tick(resync=3600)
+    return simhost, host, driver, publisher
+
+
+def test_publisher_rewrites_the_slices_when_the_host_changes(api, tmp_path, short_tmp):
+    """The refresh key (device nodes here) changes: rediscovery, a new pool generation
+    without the GPU whose node went away; unchanged: nothing sent until the resync."""
+    simhost, host, driver, publisher = _publisher(api, "single", "change-node", tmp_path,
+                                                  short_tmp)  # fmt: skip
     (first,) = slices.node_slices(api.kube, "change-node")
     assert [d["name"] for d in first["spec"]["devices"]] == ["gpu-0"]
     publisher.tick(resync=3600)  # nothing changed: the slice is not rewritten
@@ -769,3 +795,422 @@ def test_publisher_rewrites_the_slices_when_the_host_changes(api, tmp_path, shor
     assert [d["name"] for d in back["spec"]["devices"]] == ["gpu-0"]
     assert back["spec"]["pool"]["generation"] == 3
     slices.withdraw(api.kube, "change-node")
+
+
+# -- claim forms, restarts, reboots, damaged checkpoints (issue 29) ------------------------
+
+
+def _claim_with(api, name: str, requests: list[dict], results: list[dict]) -> dict:
+    """A ResourceClaim with these spec ``requests``, allocated to ``results`` (request,
+    device, extra fields) of this node's pool; the kubelet's Claim message for it."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": requests}},
+    }
+    obj = api.kube.create(CLAIMS, body)
+    obj["status"] = {"allocation": {"devices": {"results": [
+        {"driver": DRIVER_NAME, "pool": NODE, **r} for r in results]}}}  # fmt: skip
+    obj = api.kube.replace(f"{CLAIMS}/{name}/status", obj)
+    return {"namespace": "default", "name": name, "uid": obj["metadata"]["uid"]}
+
+
+def test_first_available_answers_the_request_not_the_subrequest(api, node):
+    """The kubelet matches a container's ``request: gpu`` against the names prepare
+    answers: a ``firstAvailable`` allocation's ``gpu/whole`` must come back as ``gpu``."""
+    plugin, driver, dirs = node
+    exactly = {"deviceClassName": DRIVER_NAME}
+    requests = [{"name": "gpu", "firstAvailable": [
+        {"name": "two", "deviceClassName": DRIVER_NAME, "allocationMode": "ExactCount",
+         "count": 2},
+        {"name": "whole", **exactly}]}]  # fmt: skip
+    claim = _claim_with(api, "first", requests, [{"request": "gpu/whole", "device": "gpu-2"}])
+    answer = _prepare(plugin, [claim])[claim["uid"]]
+    assert answer["error"] == ""
+    assert [d["request_names"] for d in answer["devices"]] == [["gpu"]]
+    (device,) = _spec(dirs, claim["uid"])["devices"]
+    assert device["containerEdits"]["env"] == [f"CUDA_VISIBLE_DEVICES={driver.host.gpu(2).uuid}"]
+    assert _unprepare(plugin, [claim])[claim["uid"]]["error"] == ""
+
+
+def test_bad_values_from_the_kubelet_or_a_claim_are_one_line(api, node):
+    plugin, _, dirs = node
+    digits = "9" * 5000
+    for i, limit in enumerate((digits + "Gi", digits)):
+        params = {"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
+                  "sharing": {"strategy": "MPS", "mps": {"pinnedMemoryLimit": limit}}}  # fmt: skip
+        claim = _allocated_claim(api, f"huge-{i}", [("gpu", "gpu-0")], params)
+        error = _prepare(plugin, [claim])[claim["uid"]]["error"]
+        assert "pinnedMemoryLimit: must be a quantity" in error and "at most 18 digits" in error
+        assert "\n" not in error and len(error) < 400 and "internal error" not in error
+    with pytest.raises(ParamsError, match="at most 18 digits"):  # a JSON integer too
+        parse_gpu_config({"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
+                          "sharing": {"strategy": "MPS",
+                                      "mps": {"pinnedMemoryLimit": 10**40}}})  # fmt: skip
+    good = _allocated_claim(api, "good", [("gpu", "gpu-0")])
+    for key, value, words in (
+        ("uid", "a/../b", "claim UID 'a/../b' is not a Kubernetes UID"),
+        ("uid", "..", "is not a Kubernetes UID"),
+        ("namespace", "Default", "namespace 'Default' is not a DNS label"),
+        ("name", "x" * 300, "is not a DNS subdomain"),
+    ):
+        error = _prepare(plugin, [{**good, key: value}])[value]["error"] if key == "uid" else (
+            _prepare(plugin, [{**good, key: value}])[good["uid"]]["error"])  # fmt: skip
+        assert words in error and "\n" not in error, error
+    assert not os.path.isdir(dirs["cdi"]) or os.listdir(dirs["cdi"]) == []
+
+
+def _entry(claim: dict, device: str, uuid: str) -> dict:
+    return {"uid": claim["uid"], "namespace": claim["namespace"], "name": claim["name"],
+            "devices": [{"request": "gpu", "pool": NODE, "device": device, "uuid": uuid,
+                         "admin": False}], "mps": []}  # fmt: skip
+
+
+def _run_plugin(api, config: str, kubelet, cdi: str, mps: str, node_name=NODE, env=None):
+    """``nvshim dra run`` (the plugin process) until its DRA socket serves."""
+    argv = [NVSHIM, "dra", "run", "--kubeconfig", str(api.kubeconfig), "--kubelet-dir",
+            str(kubelet), "--cdi-dir", cdi, "--mps-root", mps, "--interval", "0.5"]  # fmt: skip
+    env = {**os.environ, "NVSHIM_CONFIG": config, "NODE_NAME": node_name, **(env or {})}
+    dra = socket_paths(str(kubelet))[1]
+
+    def serving() -> bool:  # a killed plugin's socket file stays: connect to tell
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as sock:
+            try:
+                sock.connect(dra)
+            except OSError:
+                return False
+        return True
+
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not serving():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "the plugin never served"
+        time.sleep(0.1)
+    return proc
+
+
+def _stop_plugin(proc, sig=signal.SIGTERM) -> str:
+    if proc.poll() is not None:  # stopped already (an assertion failed after a kill)
+        return proc.communicate()[1]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == (0 if sig == signal.SIGTERM else -sig), err
+    return err
+
+
+def test_damaged_checkpoint_recovers_what_it_can_and_starts(api, sim, short_tmp):
+    """Wrong shapes, missing keys, a UID with ``../``, a truncated file: the plugin process
+    drops what does not check out (one line each), keeps the rest, and serves."""
+    _, config = sim
+    kubelet = short_tmp / "kubelet"
+    plugin_dir = kubelet / "plugins" / DRIVER_NAME
+    plugin_dir.mkdir(parents=True)
+    cdi, mps = str(short_tmp / "cdi"), str(short_tmp / "mps")
+    host = discover_host(sim[0].driver_root, sim[0].dev_root)
+    kept = _allocated_claim(api, "kept-1", [("gpu", "gpu-0")])
+    also = _allocated_claim(api, "kept-2", [("gpu", "gpu-1")])
+    good = _entry(kept, "gpu-0", host.gpu(0).uuid)
+    victim = short_tmp / "victim.json"
+    victim.write_text("{}")
+    bad = {
+        "listed": [good],
+        "missing": {k: v for k, v in {**good, "uid": "missing"}.items() if k != "devices"},
+        "../../victim": {**good, "uid": "../../victim"},
+        "typed": {**good, "uid": "typed", "devices": [{**good["devices"][0], "admin": "yes"}]},
+        "huge": {
+            **good,
+            "uid": "huge",
+            "mps": [{"uuid": host.gpu(3).uuid, "threads": 10**50, "memory_mib": None}],
+        },  # fmt: skip
+    }
+    checkpoint = plugin_dir / "checkpoint.json"
+    checkpoint.write_text(json.dumps({"version": 1, "claims": {kept["uid"]: good, **bad}}))
+    proc = _run_plugin(api, config, kubelet, cdi, mps)
+    err = _stop_plugin(proc)
+    dropped = [line for line in err.splitlines() if "dropped claim" in line]
+    assert len(dropped) == len(bad), err
+    for words in ("a list where a mapping belongs", "missing devices",
+                  "claim UID '../../victim' is not a Kubernetes UID",
+                  "admin 'yes' is not a boolean", "threads"):  # fmt: skip
+        assert any(words in line for line in dropped), (words, dropped)
+    assert victim.exists()
+    assert list(json.loads(checkpoint.read_text())["claims"]) == [kept["uid"]]
+    # truncated in the middle of the second claim: the first is recovered
+    text = json.dumps(
+        {
+            "version": 1,
+            "claims": {kept["uid"]: good, also["uid"]: _entry(also, "gpu-1", host.gpu(1).uuid)},
+        },
+        indent=1,
+    )
+    cut = text[: text.index(also["uid"] + '",') + 10]
+    checkpoint.write_text(cut)
+    proc = _run_plugin(api, config, kubelet, cdi, mps)
+    err = _stop_plugin(proc)
+    assert "not JSON" in err and "recovered 1 claim(s)" in err, err
+    assert (plugin_dir / "checkpoint.json.bad").read_text() == cut  # the original, kept
+    assert list(json.loads(checkpoint.read_text())["claims"]) == [kept["uid"]]
+    for name in ("kept-1", "kept-2"):
+        api.kube.delete(f"{CLAIMS}/{name}")
+    proc = _run_plugin(api, config, kubelet, cdi, mps)  # the claims gone: unprepared
+    assert "unprepared claim default/kept-1" in _stop_plugin(proc)
+    assert not checkpoint.exists()
+
+
+def _mps_params(threads: int) -> dict:
+    return {"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": threads}}}  # fmt: skip
+
+
+def _daemon_pid(mps: str, uuid: str) -> int:
+    with open(os.path.join(mps, uuid, "pipe", "nvidia-cuda-mps-control.pid")) as fh:
+        return int(fh.read())
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rpartition(")")[2].split()[1])
+
+
+def test_mps_daemons_outlive_the_plugin_process_and_are_adopted(api, sim, short_tmp):
+    """SIGKILL and SIGTERM of the plugin: the claim's daemon runs on (its own session, not
+    the plugin's child); the restarted plugin adopts that very process; only unprepare
+    stops it. A recorded identity that no longer matches (a reused pid) is not adopted."""
+    _, config = sim
+    kubelet, cdi, mps = short_tmp / "kubelet", str(short_tmp / "cdi"), str(short_tmp / "mps")
+    host = discover_host(sim[0].driver_root, sim[0].dev_root)
+    uuid = host.gpu(6).uuid if not host.gpu(6).mig_enabled else host.gpu(4).uuid
+    device = next(f"gpu-{g.index}" for g in host.gpus if g.uuid == uuid)
+    claim = _allocated_claim(api, "mps-live", [("gpu", device)], _mps_params(25))
+    proc = _run_plugin(api, config, kubelet, cdi, mps)
+    plugin = type("P", (), {"dra_path": socket_paths(str(kubelet))[1]})
+    try:
+        assert _prepare(plugin, [claim])[claim["uid"]]["error"] == ""
+        pid = _daemon_pid(mps, uuid)
+        assert _ppid(pid) != proc.pid and os.getsid(pid) != os.getsid(proc.pid)
+        _stop_plugin(proc, signal.SIGKILL)
+        assert _alive(pid)
+        proc = _run_plugin(api, config, kubelet, cdi, mps)
+        _stop_plugin(proc)  # a graceful stop leaves it running too
+        assert _alive(pid)
+        proc = _run_plugin(api, config, kubelet, cdi, mps)
+        time.sleep(0.5)
+    finally:
+        err = _stop_plugin(proc)
+    assert f"adopted its MPS daemon (pid {pid})" in err, err
+    assert _daemon_pid(mps, uuid) == pid
+    # the checkpoint names another start time: that process is not the claim's daemon
+    path = kubelet / "plugins" / DRIVER_NAME / "checkpoint.json"
+    data = json.loads(path.read_text())
+    data["claims"][claim["uid"]]["mps"][0]["start_time"] += 1
+    path.write_text(json.dumps(data))
+    proc = _run_plugin(api, config, kubelet, cdi, mps)
+    try:
+        assert _unprepare(plugin, [claim])[claim["uid"]]["error"] == ""
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)  # unprepare stops it
+        assert not os.path.exists(os.path.join(mps, uuid))
+    finally:
+        err = _stop_plugin(proc)
+    # not the recorded process: the daemon serving the pipe directory, said so
+    assert f"serving its pipe directory (pid {pid}; pid {pid} recorded)" in err, err
+
+
+def test_reboot_with_and_without_claims_deleted(api, sim, short_tmp):
+    """A reboot: daemons, their directories and the CDI specs (tmpfs) are gone, the
+    checkpoint is not. A claim deleted meanwhile is unprepared (no error for its missing
+    MPS directory), one still allocated gets its daemon again; the plugin serves."""
+    from nvshim.mps.daemon import unmount_shm
+
+    _, config = sim
+    kubelet, cdi, mps = short_tmp / "kubelet", str(short_tmp / "cdi"), str(short_tmp / "mps")
+    host = discover_host(sim[0].driver_root, sim[0].dev_root)
+    whole = [g for g in host.gpus if not g.mig_enabled]
+    gone = _allocated_claim(api, "mps-gone", [("gpu", f"gpu-{whole[0].index}")], _mps_params(30))
+    kept = _allocated_claim(api, "mps-kept", [("gpu", f"gpu-{whole[1].index}")], _mps_params(40))
+    proc = _run_plugin(api, config, kubelet, cdi, mps)
+    plugin = type("P", (), {"dra_path": socket_paths(str(kubelet))[1]})
+    try:
+        for claim in (gone, kept):
+            assert _prepare(plugin, [claim])[claim["uid"]]["error"] == ""
+        old = _daemon_pid(mps, whole[1].uuid)
+    finally:
+        _stop_plugin(proc, signal.SIGKILL)
+    for gpu in whole[:2]:  # the reboot
+        os.kill(_daemon_pid(mps, gpu.uuid), signal.SIGKILL)
+        unmount_shm(os.path.join(mps, gpu.uuid, "shm"))
+    shutil.rmtree(mps)
+    shutil.rmtree(cdi)
+    api.kube.delete(f"{CLAIMS}/mps-gone")
+    proc = _run_plugin(api, config, kubelet, cdi, mps)
+    try:
+        assert _prepare(plugin, [kept])[kept["uid"]]["error"] == ""  # the kubelet again
+        new = _daemon_pid(mps, whole[1].uuid)
+        assert _unprepare(plugin, [kept])[kept["uid"]]["error"] == ""
+    finally:
+        err = _stop_plugin(proc)
+    assert "unprepared claim default/mps-gone" in err, err
+    assert "claim default/mps-kept" in err and "started its MPS daemon again" in err, err
+    assert new != old and not _alive(new)
+    assert not os.path.exists(os.path.join(mps, whole[0].uuid))
+    api.kube.delete(f"{CLAIMS}/mps-kept")
+
+
+@pytest.fixture
+def tiny_fs(short_tmp):
+    """A 256 KiB tmpfs under the scratch dir (a disk to fill)."""
+    path = short_tmp / "small"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "nvshim-test", str(path)],
+                   check=True)  # fmt: skip
+    yield path
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_full_disk_keeps_the_old_checkpoint_and_undoes_the_prepare(api, sim, short_tmp, tiny_fs):
+    _, config = sim
+    host = discover_host(sim[0].driver_root, sim[0].dev_root)
+    plugin_dir, cdi = str(tiny_fs / "plugin"), str(short_tmp / "cdi")
+    driver = Driver(api.kube, NODE, host, load_config(config), cdi, plugin_dir,
+                    str(short_tmp / "mps"))  # fmt: skip
+    first = _allocated_claim(api, "disk-1", [("gpu", "gpu-0")])
+    second = _allocated_claim(api, "disk-2", [("gpu", "gpu-1")], _mps_params(50))
+    assert driver.prepare(first)["error"] == ""
+    checkpoint = os.path.join(plugin_dir, "checkpoint.json")
+    before = open(checkpoint, "rb").read()
+    filler = tiny_fs / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass  # full
+    finally:
+        os.close(fd)
+    answer = driver.prepare(second)
+    assert answer["devices"] == [] and "cannot write" in answer["error"], answer
+    assert "No space left on device" in answer["error"] and "\n" not in answer["error"]
+    assert open(checkpoint, "rb").read() == before  # the old checkpoint, whole
+    assert not os.path.exists(spec_path(cdi, second["uid"]))  # nothing of it left behind
+    assert not os.path.exists(os.path.join(short_tmp, "mps", host.gpu(1).uuid))
+    assert "No space left" in driver.unprepare(first)["error"]
+    filler.unlink()
+    assert driver.unprepare(first)["error"] == ""  # the retry writes what is owed
+    assert driver.prepare(second)["error"] == ""
+    assert sorted(json.loads(open(checkpoint).read())["claims"]) == [second["uid"]]
+    assert driver.unprepare(second)["error"] == ""
+    for name in ("disk-1", "disk-2"):
+        api.kube.delete(f"{CLAIMS}/{name}")
+
+
+def test_driver_container_layout_from_the_installers_variables(api, tmp_path, short_tmp):
+    """The GPU Operator's layout: the driver at /run/nvidia/driver on the node, the node's
+    / at --host-root in the pod, NVIDIA_DRIVER_ROOT (as the node installer reads it):
+    discovery finds the GPUs, the claim spec names the node's own paths."""
+    node_root = tmp_path / "node"
+    simhost = build_host("single", str(node_root / "run/nvidia/driver"))
+    config = tmp_path / "config.toml"
+    config.write_text('[runtime]\nhook-path = "/usr/local/nvshim/bin/nvshim-hook"\n')
+    kubelet, cdi = short_tmp / "kubelet", str(short_tmp / "cdi")
+    argv_env = {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"}
+    proc = subprocess.Popen(
+        [NVSHIM, "dra", "run", "--kubeconfig", str(api.kubeconfig), "--kubelet-dir",
+         str(kubelet), "--cdi-dir", cdi, "--mps-root", str(short_tmp / "mps"),
+         "--host-root", str(node_root), "--interval", "0.5"],
+        env={**os.environ, "NVSHIM_CONFIG": str(config), "NODE_NAME": "ctr-node", **argv_env},
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    plugin = type("P", (), {"dra_path": socket_paths(str(kubelet))[1]})
+    try:
+        deadline = time.monotonic() + 60
+        while not slices.node_slices(api.kube, "ctr-node"):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        (one,) = slices.node_slices(api.kube, "ctr-node")
+        assert [d["name"] for d in one["spec"]["devices"]] == ["gpu-0"]
+        claim = _claim_with(
+            api,
+            "ctr",
+            [{"name": "gpu", "exactly": {"deviceClassName": "x"}}],
+            [{"request": "gpu", "device": "gpu-0", "pool": "ctr-node"}],
+        )
+        assert _prepare(plugin, [claim])[claim["uid"]]["error"] == ""
+        spec = json.loads(open(spec_path(cdi, claim["uid"])).read())
+        libs = [m["hostPath"] for m in spec["containerEdits"]["mounts"]]
+        assert any(p.startswith("/run/nvidia/driver/usr/lib/") and "libcuda.so" in p
+                   for p in libs), libs  # fmt: skip
+        assert str(node_root) not in json.dumps(spec)
+        assert _unprepare(plugin, [claim])[claim["uid"]]["error"] == ""
+    finally:
+        _stop_plugin(proc)
+        slices.withdraw(api.kube, "ctr-node")
+    api.kube.delete(f"{CLAIMS}/ctr")
+    assert simhost.driver_root == str(node_root / "run/nvidia/driver")
+
+
+def test_publisher_follows_a_mig_layout_change_within_a_tick(api, tmp_path, short_tmp):
+    """A MIG reconfiguration need not touch a file the host key reads (the capability
+    nodes exist for every instance): NVML's layout is compared at every tick, so the
+    slices follow on the next one."""
+    simhost, host, driver, publisher = _publisher(api, "h100x8-mig", "mig-node", tmp_path,
+                                                  short_tmp)  # fmt: skip
+    (first,) = slices.node_slices(api.kube, "mig-node")
+    gone = host.mig_devices()[-1]
+    name = f"mig-{gone.parent_index}-{gone.index}"
+    assert name in [d["name"] for d in first["spec"]["devices"]]
+    with open(simhost.topology_path) as fh:
+        lines = fh.read().splitlines(keepends=True)
+    with open(simhost.topology_path, "w") as fh:  # the instance destroyed
+        fh.writelines(line for line in lines if f"uuid={gone.uuid} " not in line)
+    started = time.monotonic()
+    publisher.tick(resync=3600)
+    (after,) = slices.node_slices(api.kube, "mig-node")
+    assert name not in [d["name"] for d in after["spec"]["devices"]]
+    assert after["spec"]["pool"]["generation"] == first["spec"]["pool"]["generation"] + 1
+    assert gone.uuid not in [m.uuid for m in driver.host.mig_devices()]
+    assert time.monotonic() - started < 10
+    publisher.tick(resync=3600)  # nothing more changed: nothing rewritten
+    (same,) = slices.node_slices(api.kube, "mig-node")
+    assert same["metadata"]["resourceVersion"] == after["metadata"]["resourceVersion"]
+    slices.withdraw(api.kube, "mig-node")
+
+
+def test_the_documented_upgrade_from_the_nvshim_namespace(api, tmp_path):
+    """docs/dra.md's upgrade command, run as written against a real API server holding an
+    old install (the driver in `nvshim`) beside the node installer: the old driver goes,
+    the node installer stays."""
+    import re
+
+    from tests.conftest import REPO
+    from tests.k8s.artifacts import k8s_bin
+
+    with open(os.path.join(REPO, "docs", "dra.md")) as fh:
+        (command,) = re.findall(r"^kubectl -n nvshim delete .*$", fh.read(), re.M)
+    api.kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": "nvshim"}})  # fmt: skip
+    pod = {
+        "metadata": {"labels": {"a": "b"}},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+    for name in ("nvshim-dra", "nvshim-node"):
+        api.kube.create("/apis/apps/v1/namespaces/nvshim/daemonsets", {
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": pod}})  # fmt: skip
+        api.kube.create("/api/v1/namespaces/nvshim/serviceaccounts", {
+            "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})  # fmt: skip
+    argv = [f"{k8s_bin()}/kubectl", f"--kubeconfig={api.kubeconfig}", *command.split()[1:]]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    left = [d["metadata"]["name"] for d in
+            api.kube.get("/apis/apps/v1/namespaces/nvshim/daemonsets")["items"]]  # fmt: skip
+    accounts = [a["metadata"]["name"] for a in
+                api.kube.get("/api/v1/namespaces/nvshim/serviceaccounts")["items"]]  # fmt: skip
+    assert left == ["nvshim-node"] and "nvshim-dra" not in accounts and "nvshim-node" in accounts
+    assert subprocess.run(argv, capture_output=True).returncode == 0  # again: nothing to do
+    api.kube.delete("/api/v1/namespaces/nvshim")

@@ -14,7 +14,14 @@ import pytest
 from nvshim.dra import DRIVER_NAME
 from nvshim.dra.server import socket_paths
 from tests.conftest import REPO, run_nvshim
-from tests.test_kubernetes_manifests import by_kind, kustomize, mount_for, newest_bundled
+from tests.test_kubernetes_manifests import (
+    OVERLAYS,
+    by_kind,
+    kustomize,
+    mount_for,
+    newest_bundled,
+    render,
+)
 
 DRA = os.path.join(REPO, "packaging", "kubernetes", "dra")
 
@@ -66,10 +73,12 @@ def test_daemonset_runs_nvshim_dra_with_the_kubelets_paths(docs):
     assert host_path_of(given["cdi-dir"]) == given["cdi-dir"]
     assert host_path_of(given["mps-root"]) == given["mps-root"]
     assert host_path_of(given["host-root"]) == "/"
-    assert given["driver-root"] == given["dev-root"] == given["host-root"]
+    assert "driver-root" not in given and "dev-root" not in given  # settings, not hard-coded
+    assert pod["hostPID"] is True  # the claims' MPS daemons outlive the pod
     mps_mount = max((m for m in mounts if given["mps-root"].startswith(m)), key=len)
     assert mounts[mps_mount]["mountPropagation"] == "Bidirectional"  # daemon shm for the node
     env = {e["name"]: e for e in container["env"]}
+    assert env["NVIDIA_DRIVER_ROOT"]["value"] == "/"  # the node installer's variable
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     config = by_kind(docs, "ConfigMap")
     assert env["NVSHIM_CONFIG"]["value"].startswith(mounts["/etc/nvshim-dra"]["mountPath"])
@@ -89,11 +98,27 @@ def test_rbac_grants_exactly_what_the_driver_calls(docs):
     binding = by_kind(docs, "ClusterRoleBinding")
     sa = by_kind(docs, "ServiceAccount")
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "nvshim"}
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "nvshim-dra"}
     ]
     policy = by_kind(docs, "ValidatingAdmissionPolicy")
     (condition,) = policy["spec"]["matchConditions"]
-    assert f"system:serviceaccount:nvshim:{sa['metadata']['name']}" in condition["expression"]
+    assert f"system:serviceaccount:nvshim-dra:{sa['metadata']['name']}" in condition["expression"]
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_dra_and_the_node_installer_own_nothing_in_common(docs, overlay):
+    """Either kustomization can be deleted while the other runs: no object of one (the
+    namespace above all: deleting it deletes everything in it) is in the other."""
+
+    def owned(rendered: list[dict]) -> set[tuple[str, str, str]]:
+        return {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])
+                for d in rendered}  # fmt: skip
+
+    node = render(overlay)
+    assert owned(docs) & owned(node) == set()
+    namespaces = {d["metadata"].get("namespace") for d in docs} - {None}
+    assert namespaces == {"nvshim-dra"}
+    assert namespaces.isdisjoint({d["metadata"].get("namespace") for d in node})
 
 
 def test_device_classes_select_what_the_slices_publish(docs, sim_hosts, tmp_path):

@@ -35,6 +35,15 @@ SHOW = (
 )
 
 
+FAKE_CONTROL_LAUNCHER = """#!/bin/sh
+for py in /usr/bin/python3 /opt/nvshim/bin/python3; do
+    [ -x "$py" ] && exec "$py" -IS "$0.py" "$@"
+done
+echo "no python3 for $0" >&2
+exit 127
+"""
+
+
 class Plugin:
     """``nvshim dra run`` inside the cluster's namespaces, its stderr in a file."""
 
@@ -95,12 +104,15 @@ def cluster(launchers):
     if k8s_archive() is None:  # as the harness's own fixtures: only without the archive
         pytest.skip("no Kubernetes archive (../shared/k8s, $NVSHIM_K8S_ARCHIVE)")
     c = Cluster(containerd="1.7").start()
-    # the claims' MPS daemons: the fake control binary in the simulated driver root
+    # the claims' MPS daemons: the fake control binary in the simulated driver root, run by
+    # whichever Python the mount namespace has (the node's, or the plugin image's own: the
+    # DaemonSet's pod has no /usr/bin/python3)
     for rel, text in fake_mps_control.extra_files().items():
         path = c.sim.host_path("/" + rel)
-        with open(path, "w") as fh:
-            fh.write(text)
-        os.chmod(path, 0o755)
+        for name, body in ((path + ".py", text), (path, FAKE_CONTROL_LAUNCHER)):
+            with open(name, "w") as fh:
+                fh.write(body)
+            os.chmod(name, 0o755)
     tmp = tempfile.mkdtemp(prefix="k8s-dra-")
     config = os.path.join(tmp, "config.toml")
     with open(config, "w") as fh:
@@ -349,6 +361,169 @@ def test_kubelet_restart_registers_the_plugin_again(cluster, ns):
     assert len(_output(k8s, ns, "p")["cvd"]) == 1
 
 
+def _every_form(device: dict) -> str:
+    """A CEL expression naming each attribute and capacity of a published ``device`` the
+    way CEL reaches it (domain-qualified names under their domain, nvshim's own under
+    ``gpu.nvshim.io``), all true for that device alone."""
+    clauses = []
+    for name, value in sorted(device["attributes"].items()):
+        domain, _, short = name.rpartition("/")
+        ref = f'device.attributes["{domain or "gpu.nvshim.io"}"].{short}'
+        if "string" in value:
+            clauses.append(f'{ref} == "{value["string"]}"')
+        elif "int" in value:
+            clauses.append(f"{ref} == {value['int']}")
+        elif "bool" in value:
+            clauses.append(f"{ref} == {str(value['bool']).lower()}")
+        else:
+            clauses.append(f'{ref}.compareTo(semver("{value["version"]}")) == 0')
+    for name, value in sorted(device["capacity"].items()):
+        clauses.append(
+            f'device.capacity["gpu.nvshim.io"].{name}.compareTo(quantity("{value["value"]}")) == 0'
+        )
+    return " && ".join(clauses)
+
+
+def _logs(k8s, ns: str, pod: str, container: str) -> dict[str, list[str]]:
+    text = k8s.kubectl("logs", "-n", ns, pod, "-c", container).stdout
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("=") if not line.startswith("mps:") else (
+            "mps", "", line[4:])  # fmt: skip
+        out.setdefault(key, []).append(value)
+    return out
+
+
+def _events(k8s, ns: str, pod: str) -> str:
+    out = k8s.get("events", "-n", ns, "--field-selector", f"involvedObject.name={pod}")
+    return "\n".join(e.get("message", "") for e in out["items"])
+
+
+def test_every_claim_form_reaches_the_container(cluster, ns):
+    """firstAvailable (the first subrequest cannot be met), per-container request names,
+    a CEL selector naming every published attribute and capacity, allocationMode All,
+    device class config, adminAccess; and an allocation nvshim cannot serve (MPS on a MIG
+    device) fails the pod with the reason in its events."""
+    k8s, plugin = cluster
+    host = _host(k8s)
+    k8s.kubectl("label", "namespace", ns, "resource.kubernetes.io/admin-access=true")
+    (published,) = k8s.get("resourceslices")["items"]
+    devices = {d["name"]: d for d in published["spec"]["devices"]}
+    groups: dict[tuple[int, str], list] = {}
+    for m in host.mig_devices():
+        groups.setdefault((m.parent_index, m.profile), []).append(m)
+    (parent, profile), every = max(groups.items(), key=lambda kv: len(kv[1]))
+    assert len(every) >= 2
+    mig = next(m for m in host.mig_devices() if (m.parent_index, m.profile) != (parent, profile))
+    expression = _every_form(devices[f"mig-{mig.parent_index}-{mig.index}"])
+    assert 'device.attributes["resource.kubernetes.io"].pciBusID' in expression
+    assert 'device.capacity["gpu.nvshim.io"].memorySlice' in expression
+    gpu_class = {"deviceClassName": "gpu.nvshim.io"}
+    forms = _template("forms", gpu_class)
+    forms["spec"]["spec"]["devices"]["requests"] = [
+        {"name": "gpu", "firstAvailable": [
+            {"name": "many", **gpu_class, "allocationMode": "ExactCount", "count": 99},
+            {"name": "one", **gpu_class}]},
+        {"name": "mig", "exactly": {"deviceClassName": "mig.nvshim.io",
+                                    "selectors": [{"cel": {"expression": expression}}]}},
+    ]  # fmt: skip
+    two = _pod("forms", {"resourceClaimTemplateName": "forms"})
+    (first,) = two["spec"]["containers"]
+    first["resources"] = {"claims": [{"name": "gpu", "request": "gpu"}]}
+    second = {**first, "name": "m", "resources": {"claims": [{"name": "gpu", "request": "mig"}]}}
+    two["spec"]["containers"] = [first, second]
+    select = (f'device.attributes["gpu.nvshim.io"].parentIndex == {parent} && '
+              f'device.attributes["gpu.nvshim.io"].profile == "{profile}"')  # fmt: skip
+    all_of = _template("all", {"deviceClassName": "mig.nvshim.io", "allocationMode": "All",
+                               "selectors": [{"cel": {"expression": select}}]})  # fmt: skip
+    params = {"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
+              "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": 35}}}  # fmt: skip
+    mps_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"mps35-{ns}.nvshim.io"},
+        "spec": {
+            "selectors": [{"cel": {"expression":
+                'device.driver == "gpu.nvshim.io" && '
+                'device.attributes["gpu.nvshim.io"].type == "gpu"'}}],
+            "config": [{"opaque": {"driver": "gpu.nvshim.io", "parameters": params}}],
+        },
+    }  # fmt: skip
+    k8s.apply(mps_class)
+    unservable = _template("mig-mps", {"deviceClassName": "mig.nvshim.io"})
+    unservable["spec"]["spec"]["devices"]["config"] = [
+        {"opaque": {"driver": "gpu.nvshim.io", "parameters": params}}
+    ]
+    try:
+        _apply(k8s, ns, forms, two, all_of, _pod("all", {"resourceClaimTemplateName": "all"}),
+               _template("cls", {"deviceClassName": mps_class["metadata"]["name"]}),
+               _pod("cls", {"resourceClaimTemplateName": "cls"}),
+               _template("admin", {**gpu_class, "adminAccess": True}),
+               _pod("admin", {"resourceClaimTemplateName": "admin"}),
+               unservable, _pod("refused", {"resourceClaimTemplateName": "mig-mps"}))  # fmt: skip
+        assert k8s.wait_pod_done("forms", ns, timeout=240) == "Succeeded", _events(k8s, ns, "forms")
+        whole, part = _logs(k8s, ns, "forms", "c"), _logs(k8s, ns, "forms", "m")
+        (uuid,) = whole["cvd"]
+        gpu = next(g for g in host.gpus if g.uuid == uuid)  # one GPU: the second choice
+        assert whole["node"] == [f"nvidia{gpu.minor}"] and "cap" not in whole
+        assert part["cvd"] == [mig.uuid]  # the MIG request's container: that device only
+        assert part["node"] == [f"nvidia{host.gpu(mig.parent_index).minor}"]
+        out = _output(k8s, ns, "all")
+        assert sorted(out["cvd"][0].split(",")) == sorted(m.uuid for m in every)
+        out = _output(k8s, ns, "cls")
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=35" in out["mps"]  # the class's config
+        out = _output(k8s, ns, "admin")
+        assert len(out["cvd"]) == 1 and len(out["node"]) == 1
+        _wait(lambda: "not supported for MIG devices" in _events(k8s, ns, "refused"), 120,
+              lambda: _events(k8s, ns, "refused") + plugin.log()[-2000:])  # fmt: skip
+        assert k8s.get("pod", "-n", ns, "refused")["status"]["phase"] == "Pending"
+    finally:
+        k8s.kubectl("delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=90s",
+                    check=False)  # fmt: skip
+        k8s.kubectl("delete", "deviceclass", mps_class["metadata"]["name"], check=False)
+
+
+def _mps_log_starts(k8s, uuid: str) -> int:
+    with open(k8s.path(f"/run/nvshim/dra-mps/{uuid}/log/control.log")) as fh:
+        return sum(1 for line in fh if line.startswith("start "))
+
+
+def _running_mps_pod(k8s, ns: str, name: str) -> None:
+    """A pod ``name`` holding an MPS-shared GPU (claim template ``mps``), Ready."""
+    params = {"apiVersion": "gpu.nvshim.io/v1alpha1", "kind": "GpuConfig",
+              "sharing": {"strategy": "MPS"}}  # fmt: skip
+    template = _template("mps", {"deviceClassName": "gpu.nvshim.io"})
+    template["spec"]["spec"]["devices"]["config"] = [
+        {"opaque": {"driver": "gpu.nvshim.io", "parameters": params}}
+    ]
+    _apply(k8s, ns, template, _pod(name, {"resourceClaimTemplateName": "mps"}, "sleep 3600"))
+    _wait(lambda: _ready(k8s, ns, name), 120, lambda: _events(k8s, ns, name))
+
+
+def _ready(k8s, ns: str, name: str) -> bool:
+    conditions = k8s.get("pod", "-n", ns, name).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def test_mps_daemon_outlives_a_plugin_restart(cluster, ns):
+    """kill -9 of the plugin with an MPS claim's pod running: the claim's daemon runs on,
+    the new plugin adopts it (same process, one start in its log), the pod's deletion
+    stops it."""
+    k8s, plugin = cluster
+    _running_mps_pod(k8s, ns, "p")
+    (device,) = _prepared(plugin.log(), ns)
+    uuid = _host(k8s).gpu(int(device.split("-")[1])).uuid
+    pid_file = k8s.path(f"/run/nvshim/dra-mps/{uuid}/pipe/nvidia-cuda-mps-control.pid")
+    pid = open(pid_file).read().strip()
+    os.kill(plugin.pid(), signal.SIGKILL)
+    plugin.proc.wait(timeout=30)
+    plugin.start()
+    _wait(lambda: f"adopted its MPS daemon (pid {pid})" in plugin.log(), 30, plugin.log)
+    assert open(pid_file).read().strip() == pid and _mps_log_starts(k8s, uuid) == 1
+    k8s.kubectl("delete", "pod", "-n", ns, "p", "--wait=true", "--timeout=60s")
+    _wait(lambda: not os.path.exists(k8s.path(f"/run/nvshim/dra-mps/{uuid}")), 60, plugin.log)
+
+
 def test_uninstall_leaves_nothing(cluster):
     """Last in the module: stop the plugin, withdraw the slices; nothing of the driver is
     left on the node."""
@@ -369,12 +544,10 @@ def test_uninstall_leaves_nothing(cluster):
         assert "dra-mps" not in fh.read()  # and their shm mounts
 
 
-def test_daemonset_deploys_the_driver(cluster, ns, launchers):
-    """After the uninstall above: packaging/kubernetes/dra as shipped (the node image, its
-    service account token, RBAC, the admission policy), the simulated driver root and a
-    test hook path patched in; a pod gets its GPU through it; deleting it removes the
-    plugin's sockets."""
-    k8s, _ = cluster
+def _dra_manifest(k8s, launchers: str, driver_root: bool = True) -> str:
+    """packaging/kubernetes/dra as shipped, set for a driver container's layout the way a
+    user would (NVIDIA_DRIVER_ROOT=/run/nvidia/driver, the node installer's variable), the
+    image built from this checkout and this checkout's hook launcher."""
     tag = k8s.import_node_image()
     rendered = subprocess.run(
         [f"{k8s.k8s_bin}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
@@ -385,43 +558,157 @@ def test_daemonset_deploys_the_driver(cluster, ns, launchers):
         if doc["kind"] == "DaemonSet":
             (container,) = doc["spec"]["template"]["spec"]["containers"]
             container["image"], container["imagePullPolicy"] = tag, "Never"
-            container["command"] = [
-                f"--{a[2:].split('=')[0]}=/host{DRIVER_ROOT}"
-                if a.startswith(("--driver-root=", "--dev-root="))
-                else a
-                for a in container["command"]
-            ]
+            for env in container["env"] if driver_root else ():
+                if env["name"] == "NVIDIA_DRIVER_ROOT":
+                    env["value"] = DRIVER_ROOT
         if doc["kind"] == "ConfigMap":  # the node's hook: this checkout's launcher
             doc["data"]["config.toml"] = f'[runtime]\nhook-path = "{launchers}/nvshim-hook"\n'
-    manifest = yaml.safe_dump_all(docs)
-    k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present=true")
+    return yaml.safe_dump_all(docs)
+
+
+def test_daemonset_deploys_the_driver(cluster, ns, launchers):
+    """After the uninstall above: packaging/kubernetes/dra as shipped (the node image, its
+    service account token, RBAC, the admission policy), the driver root given as the
+    GPU Operator's driver container puts it (/run/nvidia/driver, through
+    NVIDIA_DRIVER_ROOT); a pod gets its GPU through it; deleting it removes the plugin's
+    sockets."""
+    k8s, _ = cluster
+    manifest = _dra_manifest(k8s, launchers, driver_root=False)
     try:
-        k8s.apply(manifest)
-        _wait(lambda: k8s.get("pods", "-n", "nvshim")["items"], 60)
-        k8s.wait("pod", "-n", "nvshim", "-l", "app.kubernetes.io/name=nvshim-dra",
+        k8s.apply(manifest)  # no GPU node labelled yet: no pod
+        # docs/dra.md, word for word
+        k8s.kubectl(*"-n nvshim-dra set env daemonset/nvshim-dra "
+                    "NVIDIA_DRIVER_ROOT=/run/nvidia/driver".split())  # fmt: skip
+        k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present=true")
+        _wait(lambda: k8s.get("pods", "-n", "nvshim-dra")["items"], 60)
+        k8s.wait("pod", "-n", "nvshim-dra", "-l", "app.kubernetes.io/name=nvshim-dra",
                  "--for=condition=Ready", timeout=180)  # fmt: skip
         _wait(
             lambda: k8s.get("resourceslices")["items"],
             60,
-            lambda: k8s.kubectl("logs", "-n", "nvshim", "ds/nvshim-dra", check=False).stdout,
+            lambda: k8s.kubectl("logs", "-n", "nvshim-dra", "ds/nvshim-dra", check=False).stdout,
         )
         (one,) = k8s.get("resourceslices")["items"]
         assert one["spec"]["nodeName"] == NODE_NAME  # written under the admission policy
         _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
                _pod("p", {"resourceClaimTemplateName": "one"}))  # fmt: skip
         out = _output(k8s, ns, "p")
-        logs = k8s.kubectl("logs", "-n", "nvshim", "ds/nvshim-dra").stdout
+        logs = k8s.kubectl("logs", "-n", "nvshim-dra", "ds/nvshim-dra").stdout
         (device,) = _prepared(logs, ns)
         gpu = _host(k8s).gpu(int(device.split("-")[1]))
         assert out["cvd"] == [gpu.uuid] and out["node"] == [f"nvidia{gpu.minor}"]
         k8s.kubectl("delete", "pod", "-n", ns, "p", "--wait=true", "--timeout=60s")
         _wait(lambda: _cdi_specs(k8s) == [], 60)
+        # a rolling update (the plugin pod deleted) with an MPS claim's pod running: its
+        # daemon, moved out of the plugin pod, outlives it and the new pod adopts it
+        _running_mps_pod(k8s, ns, "m")
+        logs = k8s.kubectl("logs", "-n", "nvshim-dra", "ds/nvshim-dra").stdout
+        (device,) = {line.split("): ", 1)[1].split(" [")[0] for line in logs.splitlines()
+                     if f"prepare {ns}/m-" in line}  # fmt: skip
+        assert "stays in this pod" not in logs, logs
+        uuid = _host(k8s).gpu(int(device.split("-")[1])).uuid
+        pid_file = k8s.path(f"/run/nvshim/dra-mps/{uuid}/pipe/nvidia-cuda-mps-control.pid")
+        pid = open(pid_file).read().strip()
+        k8s.kubectl("delete", "pod", "-n", "nvshim-dra", "-l",
+                    "app.kubernetes.io/name=nvshim-dra", "--wait=true", timeout=120)  # fmt: skip
+        _wait(lambda: f"adopted its MPS daemon (pid {pid})" in k8s.kubectl(
+            "logs", "-n", "nvshim-dra", "ds/nvshim-dra", check=False).stdout, 180)  # fmt: skip
+        assert open(pid_file).read().strip() == pid and _mps_log_starts(k8s, uuid) == 1
+        k8s.kubectl("delete", "pod", "-n", ns, "m", "--wait=true", "--timeout=60s")
+        _wait(lambda: not os.path.exists(k8s.path(f"/run/nvshim/dra-mps/{uuid}")), 60)
     finally:
         k8s.kubectl("delete", "-f", "-", "--wait=true", "--timeout=120s", "--ignore-not-found",
                     input=manifest, check=False)  # fmt: skip
         k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present-", check=False)
     _wait(lambda: not os.path.exists(k8s.path(REG_SOCK)), 60)
     assert not os.path.exists(k8s.path(PLUGIN_DIR))
+    proc = k8s.nsenter([NVSHIM, "dra", "withdraw", f"--kubeconfig={k8s.kubeconfig}",
+                        f"--node-name={NODE_NAME}"])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_dra_and_the_node_installer_come_and_go_independently(cluster, launchers, tmp_path):
+    """Both installed (node first, then DRA first), each removed while the other runs,
+    both removed: `kubectl delete` of one leaves the other's pod, namespace and work as
+    they were."""
+    from tests.test_k8s_node_e2e import ENVIRONMENT, KUBE, TEST_OVERLAY
+
+    k8s, _ = cluster
+    dra = _dra_manifest(k8s, launchers)  # also imports the node image (tag "test")
+    overlay = tmp_path / "node"
+    overlay.mkdir()
+    base = os.path.relpath(os.path.join(KUBE, "overlays", "containerd"), overlay)
+    (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=base))
+    (overlay / "environment.yaml").write_text(ENVIRONMENT)
+
+    def running(namespace: str, name: str) -> str:
+        """The UID of the one Ready pod of ``name`` (it must not change; an engine restart
+        may make it unready for a moment)."""
+        k8s.wait("pod", "-n", namespace, "-l", f"app.kubernetes.io/name={name}",
+                 "--for=condition=Ready", timeout=120)  # fmt: skip
+        pods = k8s.get("pods", "-n", namespace, "-l", f"app.kubernetes.io/name={name}")
+        (pod,) = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+        ready = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
+        assert ready.get("Ready") == "True", pod["status"]
+        assert all(c["restartCount"] == 0 for c in pod["status"]["containerStatuses"])
+        return pod["metadata"]["uid"]
+
+    def node_up() -> str:
+        k8s.kubectl("apply", "-k", str(overlay))
+        k8s.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node",
+                    "--timeout=180s", timeout=240)  # fmt: skip
+        return running("nvshim", "nvshim-node")
+
+    def node_down() -> None:
+        k8s.kubectl("delete", "-k", str(overlay), "--wait=true", timeout=400)
+        assert "nvshim" not in _namespaces()
+
+    def dra_up() -> str:
+        k8s.apply(dra)
+        _wait(lambda: k8s.get("pods", "-n", "nvshim-dra")["items"], 60)
+        k8s.wait("pod", "-n", "nvshim-dra", "-l", "app.kubernetes.io/name=nvshim-dra",
+                 "--for=condition=Ready", timeout=180)  # fmt: skip
+        _wait(lambda: k8s.get("resourceslices")["items"], 60)
+        return running("nvshim-dra", "nvshim-dra")
+
+    def dra_down() -> None:
+        k8s.kubectl("delete", "-f", "-", "--wait=true", "--timeout=120s", input=dra)
+        _wait(lambda: not os.path.exists(k8s.path(REG_SOCK)), 60)
+        assert "nvshim-dra" not in _namespaces()
+
+    def _namespaces() -> set[str]:
+        return {n["metadata"]["name"] for n in k8s.get("namespaces")["items"]}
+
+    def node_installed(uid: str) -> None:
+        assert running("nvshim", "nvshim-node") == uid
+        assert k8s.get("runtimeclass", "nvshim")["handler"] == "nvshim"
+        assert "nvshim" in open(k8s.path("/etc/containerd/config.toml")).read()
+
+    def dra_installed(uid: str) -> None:
+        assert running("nvshim-dra", "nvshim-dra") == uid
+        assert k8s.get("resourceslices")["items"]
+        assert os.path.exists(k8s.path(REG_SOCK))
+
+    k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present=true", "--overwrite")
+    try:
+        node = node_up()
+        driver = dra_up()  # node first
+        dra_down()  # DRA removed while the node installer runs
+        node_installed(node)
+        driver = dra_up()
+        node_down()  # the node installer removed while DRA runs
+        dra_installed(driver)
+        node = node_up()  # DRA first
+        dra_installed(driver)
+        dra_down()
+        node_installed(node)
+        node_down()  # both removed
+    finally:
+        k8s.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=120s",
+                    input=dra, check=False)  # fmt: skip
+        k8s.kubectl("delete", "-k", str(overlay), "--ignore-not-found", "--wait=true",
+                    check=False, timeout=400)  # fmt: skip
+        k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present-", check=False)
     proc = k8s.nsenter([NVSHIM, "dra", "withdraw", f"--kubeconfig={k8s.kubeconfig}",
                         f"--node-name={NODE_NAME}"])  # fmt: skip
     assert proc.returncode == 0, proc.stderr

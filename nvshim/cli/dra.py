@@ -64,18 +64,44 @@ def run(
     from nvshim.dra.kube import connect
     from nvshim.dra.run import run as run_plugin
 
+    driver_root, dev_root = _roots(os.path.abspath(host_root), roots)
     run_plugin(
         connect(kubeconfig),
         _node(node_name),
         roots["config"],
-        roots["driver_root"],
-        roots["dev_root"],
+        driver_root,
+        dev_root,
         os.path.abspath(kubelet_dir),
         os.path.abspath(cdi_dir),
         os.path.abspath(mps_root),
         interval,
         resync,
         os.path.abspath(host_root),
+    )
+
+
+def _roots(host_root: str, roots: dict) -> tuple[str, str]:
+    """Where discovery runs: ``--driver-root``/``--dev-root`` as given (paths here); else,
+    in a pod (``--host-root``) or with the node installer's variables set
+    (``NVSHIM_DRIVER_ROOT``/``NVIDIA_DRIVER_ROOT``/``DRIVER_ROOT``, ``NVSHIM_DEV_ROOT``/
+    ``NVIDIA_DEV_ROOT``/``DEV_ROOT``: node paths), those under the host root; else the
+    config's ``[host]`` roots."""
+    from nvshim.node.env import VARS, driver_roots
+
+    ctx = click.get_current_context()
+    given = {
+        name: ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        for name in ("driver_root", "dev_root")
+    }
+    if all(given.values()):
+        return roots["driver_root"], roots["dev_root"]
+    names = VARS["driver_root"] + VARS["dev_root"]
+    if host_root == "/" and not any(os.environ.get(n) for n in names):
+        return roots["driver_root"], roots["dev_root"]
+    driver, dev = driver_roots(host_root)
+    return (
+        roots["driver_root"] if given["driver_root"] else driver,
+        roots["dev_root"] if given["dev_root"] else dev,
     )
 
 

@@ -24,6 +24,7 @@ from nvshim.errors import NvshimError
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TIMEOUT = 15.0
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+MAX_INT_DIGITS = 40
 
 
 class KubeError(NvshimError):
@@ -64,7 +65,10 @@ class Kube:
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
             raise KubeError(f"{method} {path}: {self.server}: {reason}") from None
-        return json.loads(raw) if raw else {}
+        try:
+            return json.loads(raw, parse_int=_bounded_int) if raw else {}
+        except ValueError as err:
+            raise KubeError(f"{method} {path}: an answer that is not JSON: {err}") from None
 
     def get(self, path: str, **query: str) -> Any:
         return self.request("GET", path, query=query or None)
@@ -77,6 +81,12 @@ class Kube:
 
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
+
+
+def _bounded_int(text: str) -> int | str:
+    """A JSON integer; one longer than any Kubernetes value stays text (``int()`` of
+    thousands of digits is refused, and slow), so the field's own check refuses it."""
+    return int(text) if len(text) <= MAX_INT_DIGITS else text
 
 
 def _reason(err: urllib.error.HTTPError) -> str:

@@ -51,21 +51,34 @@ def _check_keys(table: Any, where: str, allowed: tuple[str, ...]) -> dict:
     return table
 
 
+MAX_DIGITS = 18  # a quantity's digits: below 2**63 bytes, far from int()'s 4300 limit
+
+
 def _digits(text: str) -> bool:
-    """ASCII digits only (``str.isdigit`` takes ``²``, which ``int`` refuses)."""
-    return text.isascii() and text.isdigit()
+    """1 to ``MAX_DIGITS`` ASCII digits (``str.isdigit`` takes ``²``, which ``int``
+    refuses)."""
+    return 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to one short line."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def _quantity_mib(value: Any, where: str) -> int:
     """A memory quantity (``8Gi``, ``512Mi``, or an integer of bytes) in whole MiB (>= 1)."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and value < 10**MAX_DIGITS:
         size = value
     elif isinstance(value, str) and value[-2:] in _UNITS and _digits(value[:-2]):
         size = int(value[:-2]) * _UNITS[value[-2:]]
     elif isinstance(value, str) and _digits(value):
         size = int(value)
     else:
-        raise ParamsError(f"{where}: must be a quantity such as 8Gi or 512Mi, got {value!r}")
+        raise ParamsError(
+            f"{where}: must be a quantity such as 8Gi or 512Mi (at most {MAX_DIGITS} digits), "
+            f"got {_shown(value)}"
+        )
     if size < MIB:
         raise ParamsError(f"{where}: {value!r} is below 1Mi")
     return size // MIB

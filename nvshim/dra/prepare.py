@@ -21,17 +21,15 @@ import os
 import threading
 from typing import Any
 
-from nvshim.dra import CDI_CLASS, CDI_VENDOR, DRIVER_NAME, device_name
+from nvshim.dra import CDI_CLASS, CDI_VENDOR, DRIVER_NAME, checkpoint, device_name
+from nvshim.dra.checkpoint import CheckpointError, check_name, check_namespace, check_request
 from nvshim.dra.kube import RESOURCE_API, Kube, KubeError
 from nvshim.dra.params import GpuConfig, ParamsError, configs_for_requests
 from nvshim.edits import ContainerEdits
 from nvshim.errors import NvshimError
 from nvshim.host.model import Host
 
-CHECKPOINT = "checkpoint.json"
-CHECKPOINT_VERSION = 1
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
-_UID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
 
 
 class PrepareError(NvshimError):
@@ -52,10 +50,28 @@ def cdi_id(uid: str, device: str) -> str:
     return f"{CDI_VENDOR}/{CDI_CLASS}={uid}-{device}"
 
 
+def parent_request(name: str) -> str:
+    """The request a result answers to the kubelet: ``gpu`` for a ``firstAvailable``
+    subrequest ``gpu/whole`` (a container names the request, never the subrequest; k8s'
+    kubeletplugin helper strips it the same way)."""
+    return name.split("/", 1)[0]
+
+
+def _check_claim(claim: dict[str, str]) -> str:
+    """The kubelet's claim reference, checked where it enters; its UID."""
+    try:
+        check_namespace(claim.get("namespace"))
+        check_name(claim.get("name"))
+        return checkpoint.check_uid(claim.get("uid"))
+    except CheckpointError as err:
+        raise PrepareError(str(err)) from None
+
+
 def _check_uid(uid: str) -> str:
-    if not uid or len(uid) > 64 or not _UID_CHARS.issuperset(uid):
-        raise PrepareError(f"claim UID {uid!r} is not a Kubernetes UID")
-    return uid
+    try:
+        return checkpoint.check_uid(uid)
+    except CheckpointError as err:
+        raise PrepareError(str(err)) from None
 
 
 class Driver:
@@ -85,31 +101,25 @@ class Driver:
         self.mps_root = mps_root
         self.host_root = host_root
         self.lock = threading.Lock()
-        self.claims: dict[str, dict[str, Any]] = self._load()
+        self.claims, self.load_lines = checkpoint.load(self.checkpoint_path)
+        self.dirty = bool(self.load_lines)  # the file differs from what was kept
 
     # -- checkpoint ---------------------------------------------------------------------
     @property
     def checkpoint_path(self) -> str:
-        return os.path.join(self.plugin_dir, CHECKPOINT)
-
-    def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            with open(self.checkpoint_path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as err:
-            raise NvshimError(f"checkpoint {self.checkpoint_path}: unreadable: {err}") from None
-        if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
-            raise NvshimError(f"checkpoint {self.checkpoint_path}: unknown format")
-        return dict(data.get("claims") or {})
+        return os.path.join(self.plugin_dir, checkpoint.NAME)
 
     def _save(self) -> None:
-        from nvshim.fsutil import atomic_write
-
-        os.makedirs(self.plugin_dir, mode=0o750, exist_ok=True)
-        text = json.dumps({"version": CHECKPOINT_VERSION, "claims": self.claims}, indent=1)
-        atomic_write(self.checkpoint_path, text.encode() + b"\n", mode=0o600, backup=False)
+        """Write the checkpoint; a failed write (a full disk) leaves the old file and is
+        one PrepareError line."""
+        try:
+            checkpoint.save(self.checkpoint_path, self.claims)
+        except OSError as err:
+            self.dirty = True
+            raise PrepareError(
+                f"checkpoint {self.checkpoint_path}: cannot write: {err.strerror or err}"
+            ) from None
+        self.dirty = False
 
     # -- prepare ------------------------------------------------------------------------
     def prepare(self, claim: dict[str, str]) -> dict[str, Any]:
@@ -123,7 +133,7 @@ class Driver:
             return {"devices": [], "error": f"internal error: {type(err).__name__}: {err}"}
         devices = [
             {
-                "request_names": [d["request"]],
+                "request_names": [parent_request(d["request"])],
                 "pool_name": d["pool"],
                 "device_name": d["device"],
                 "cdi_device_ids": [cdi_id(entry["uid"], d["device"])],
@@ -133,7 +143,7 @@ class Driver:
         return {"devices": devices, "error": ""}
 
     def _prepare(self, claim: dict[str, str]) -> dict[str, Any]:
-        uid = _check_uid(claim.get("uid", ""))
+        uid = _check_claim(claim)
         known = self.claims.get(uid)
         if known is not None and os.path.exists(spec_path(self.cdi_dir, uid)):
             return known
@@ -163,7 +173,10 @@ class Driver:
                     f"is not on node {self.node} (known: {', '.join(by_name) or 'none'})"
                 )
             self._refuse_taken(uid, by_name[r["device"]].uuid, r)
-        requests = sorted({r["request"] for r in results})
+        try:
+            requests = sorted({check_request(r.get("request")) for r in results})
+        except CheckpointError as err:
+            raise PrepareError(f"claim {entry['namespace']}/{entry['name']}: {err}") from None
         try:
             configs = configs_for_requests(allocation, requests)
         except ParamsError as err:
@@ -177,25 +190,27 @@ class Driver:
                 )
             spec = self._spec(uid, results, by_name, per_request)
             self._write_spec(uid, spec)
+            entry["devices"] = [
+                {
+                    "request": r["request"],
+                    "pool": r["pool"],
+                    "device": r["device"],
+                    "uuid": by_name[r["device"]].uuid,
+                    "admin": bool(r.get("adminAccess")),
+                }
+                for r in results
+            ]
+            self.claims[uid] = entry
+            self._save()
         except BaseException:
-            for limits in entry["mps"]:  # daemons this attempt started: not left behind
+            self.claims.pop(uid, None)  # nothing of this attempt is left behind
+            _unlink(spec_path(self.cdi_dir, uid))
+            for limits in entry["mps"]:
                 try:
-                    self._stop_mps(limits["uuid"])
+                    self._stop_mps(limits)
                 except (NvshimError, OSError):
                     pass  # the first error is the one to report
             raise
-        entry["devices"] = [
-            {
-                "request": r["request"],
-                "pool": r["pool"],
-                "device": r["device"],
-                "uuid": by_name[r["device"]].uuid,
-                "admin": bool(r.get("adminAccess")),
-            }
-            for r in results
-        ]
-        self.claims[uid] = entry
-        self._save()
         return entry
 
     def _read_claim(self, claim: dict[str, str]) -> dict[str, Any]:
@@ -292,7 +307,47 @@ class Driver:
         status = start_daemon(self.host, share, self.mps_root)
         if not status.running:
             raise PrepareError(f"MPS daemon for {device.uuid} did not start: {status.problem}")
+        self._record_daemon(limits, detach=status.action == "started")
         return share
+
+    def _record_daemon(self, limits: dict[str, Any], detach: bool = False) -> bool:
+        """Record the running daemon's identity (pid, start time) in ``limits``; False when
+        none runs. ``detach``: in a pod, move a daemon just started out of the pod's
+        cgroups (nvshim.dra.detach), so it outlives the pod."""
+        from nvshim.mps.daemon import daemon_dirs, pin_daemon
+
+        pinned = pin_daemon(daemon_dirs(self.mps_root, limits["uuid"]).pipe)
+        if pinned is None:
+            return False
+        fd, limits["pid"], limits["start_time"] = pinned
+        try:
+            if detach and self.host_root not in ("", "/"):
+                from nvshim.dra.detach import leave_pod
+                from nvshim.dra.server import log
+
+                why = leave_pod(fd, limits["pid"])
+                if why:
+                    log(f"MPS daemon {limits['pid']} of {limits['uuid']} stays in this pod: {why}")
+        finally:
+            os.close(fd)
+        return True
+
+    def _adopt_mps(self, limits: dict[str, Any]) -> str:
+        """After a restart: the claim's daemon still running (the very process recorded,
+        checked through a pidfd) is adopted; otherwise one is started. What was done."""
+        from nvshim.mps.daemon import daemon_dirs, pin_daemon
+
+        recorded = (limits.get("pid"), limits.get("start_time"))
+        if None not in recorded:
+            pinned = pin_daemon(daemon_dirs(self.mps_root, limits["uuid"]).pipe, recorded)
+            if pinned is not None:
+                os.close(pinned[0])
+                return f"adopted its MPS daemon (pid {recorded[0]})"
+        was = f"pid {recorded[0]} recorded" if recorded[0] else "none recorded"
+        if self._record_daemon(limits):  # another process serves the claim's pipe directory
+            return f"adopted the MPS daemon serving its pipe directory (pid {limits['pid']}; {was})"
+        self._start_mps(limits)
+        return f"started its MPS daemon again (pid {limits.get('pid')}; {was}, gone)"
 
     def _spec(self, uid, results, by_name, per_request) -> dict[str, Any]:
         from nvshim.cdi.writer import assemble_spec
@@ -353,35 +408,37 @@ class Driver:
 
     def _unprepare(self, uid: str) -> None:
         entry = self.claims.get(uid)
-        try:
-            os.unlink(spec_path(self.cdi_dir, uid))
-        except FileNotFoundError:
-            pass
+        _unlink(spec_path(self.cdi_dir, uid))
         if entry is None:
+            if self.dirty:  # an earlier write failed: the file still names gone claims
+                self._save()
             return
         for limits in entry.get("mps") or ():
-            self._stop_mps(limits["uuid"])
+            self._stop_mps(limits)
         del self.claims[uid]
         self._save()
 
-    def _stop_mps(self, uuid: str) -> None:
-        from nvshim.mps.daemon import stop_daemon
-
-        result = stop_daemon(self.host, uuid, self.mps_root, None)
-        if result.problem:
-            raise PrepareError(f"MPS daemon of {uuid}: {result.problem}")
+    def _stop_mps(self, limits: dict[str, Any]) -> None:
+        """Stop one claim daemon and remove its directories (after a reboot they may be
+        gone already: nothing to stop)."""
         import shutil
 
-        from nvshim.mps.daemon import daemon_dirs
+        from nvshim.mps.daemon import daemon_dirs, stop_daemon
 
-        shutil.rmtree(daemon_dirs(self.mps_root, uuid).base)  # the claim's own: nothing left
+        result = stop_daemon(self.host, limits["uuid"], self.mps_root, None)
+        if result.problem:
+            raise PrepareError(f"MPS daemon of {limits['uuid']}: {result.problem}")
+        try:
+            shutil.rmtree(daemon_dirs(self.mps_root, limits["uuid"]).base)
+        except FileNotFoundError:
+            pass
 
     # -- restart ------------------------------------------------------------------------
     def reconcile(self) -> list[str]:
         """After a restart: unprepare checkpointed claims the API server no longer holds
         allocated here (gone, another UID, no allocation), remove claim specs without a
         checkpoint entry. One line per action."""
-        lines = []
+        lines = list(self.load_lines)
         with self.lock:
             for uid, entry in list(self.claims.items()):
                 claim = {"namespace": entry["namespace"], "name": entry["name"], "uid": uid}
@@ -393,24 +450,48 @@ class Driver:
                 except PrepareError as err:  # the API unreachable: decide next restart
                     lines.append(f"kept claim {entry['namespace']}/{entry['name']}: {err}")
                     continue
+                what = f"claim {entry['namespace']}/{entry['name']} ({uid})"
                 if not live:
-                    self._unprepare(uid)
-                    lines.append(
-                        f"unprepared claim {entry['namespace']}/{entry['name']} ({uid}): "
-                        "no longer allocated"
-                    )
-                    continue
-                for limits in entry.get("mps") or ():  # daemons die with the plugin's pod
                     try:
-                        self._start_mps(limits)
-                    except (NvshimError, StopIteration) as err:
-                        lines.append(f"claim {entry['name']}: MPS daemon: {err}")
-            for name in _listdir(self.cdi_dir):
-                if name.startswith(SPEC_PREFIX) and name.endswith(".json"):
-                    uid = name[len(SPEC_PREFIX) : -len(".json")]
-                    if uid not in self.claims:
-                        os.unlink(os.path.join(self.cdi_dir, name))
-                        lines.append(f"removed orphan CDI spec {name}")
+                        self._unprepare(uid)
+                    except (NvshimError, OSError) as err:
+                        lines.append(f"{what}: cannot unprepare yet: {err}")
+                        continue
+                    lines.append(f"unprepared {what}: no longer allocated")
+                    continue
+                for limits in entry.get("mps") or ():
+                    try:
+                        lines.append(f"{what}: {self._adopt_mps(limits)}")
+                    except (NvshimError, OSError, StopIteration) as err:
+                        lines.append(f"{what}: MPS daemon: {err}")
+            lines += self._remove_orphans()
+            if self.dirty or any(e["mps"] for e in self.claims.values()):
+                try:
+                    self._save()  # what was dropped, and the daemons' identities, on disk
+                except PrepareError as err:
+                    lines.append(str(err))
+        return lines
+
+    def _remove_orphans(self) -> list[str]:
+        """Claim specs and claim MPS daemons no checkpointed claim owns (a crash between
+        steps, entries dropped from a damaged checkpoint)."""
+        lines = []
+        for name in _listdir(self.cdi_dir):
+            if name.startswith(SPEC_PREFIX) and name.endswith(".json"):
+                uid = name[len(SPEC_PREFIX) : -len(".json")]
+                if uid not in self.claims:
+                    _unlink(os.path.join(self.cdi_dir, name))
+                    lines.append(f"removed orphan CDI spec {name}")
+        from nvshim.mps.daemon import daemon_uuids
+
+        owned = {m["uuid"] for e in self.claims.values() for m in e["mps"]}
+        for uuid in daemon_uuids(self.mps_root):
+            if uuid not in owned:
+                try:
+                    self._stop_mps({"uuid": uuid})
+                    lines.append(f"stopped orphan MPS daemon of {uuid}")
+                except (NvshimError, OSError) as err:
+                    lines.append(f"orphan MPS daemon of {uuid}: {err}")
         return lines
 
     def forget_all_if_idle(self) -> bool:
@@ -423,6 +504,13 @@ class Driver:
             except FileNotFoundError:
                 pass
             return True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _listdir(path: str) -> list[str]:

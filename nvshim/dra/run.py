@@ -1,10 +1,12 @@
 """``nvshim dra run``: the plugin's main loop.
 
 Discover the host, unprepare what the checkpoint holds but the cluster no longer does,
-serve the kubelet's sockets, and keep the node's ResourceSlices current: the host key
-(the CDI refresh key, ``nvshim.cdi.refresh.host_key``) is checked every ``interval``
-seconds and a change rediscovers and republishes; every ``resync`` seconds the slices are
-compared with the API server's anyway (a deleted slice comes back). SIGTERM/SIGINT stop it,
+serve the kubelet's sockets, and keep the node's ResourceSlices current: every ``interval``
+seconds the host key (the CDI refresh key, ``nvshim.cdi.refresh.host_key``) and NVML's
+device layout (GPUs, MIG mode, MIG devices and profiles: a MIG reconfiguration need not
+touch any file the key reads) are checked, and a change rediscovers and republishes; every
+``resync`` seconds the slices are compared with the API server's anyway (a deleted slice
+comes back). SIGTERM/SIGINT stop it,
 removing its sockets (and its checkpoint when no claim is prepared).
 """
 
@@ -31,8 +33,28 @@ class Publisher:
         self.kube, self.node, self.driver = kube, node, driver
         self.driver_root, self.dev_root = driver_root, dev_root
         self.key: dict | None = None
+        self.layout: tuple | None = None
+        self.library: str | None = None  # the NVML library of the last discovery
         self.node_uid: str | None = None
         self.last_sync = 0.0
+
+    def _layout(self) -> tuple | None:
+        """NVML's device layout now (a few calls, no file scan); None when NVML fails."""
+        from nvshim.host import nvml
+
+        try:
+            snap = nvml.query(self.library)
+        except NvshimError:
+            return None
+        return tuple(
+            (g.uuid, g.mig_enabled, tuple((m.uuid, m.profile) for m in g.migs)) for g in snap.gpus
+        )
+
+    def _find_library(self) -> None:
+        from nvshim.host import files, nvml
+
+        entries = files.read_ld_cache(self.driver_root, [])
+        self.library = nvml.find_library(self.driver_root, entries)
 
     def tick(self, resync: float) -> None:
         """Republish when the host changed or ``resync`` seconds passed; errors are logged
@@ -41,7 +63,10 @@ class Publisher:
         from nvshim.host.discover import discover_host
 
         key = host_key(self.driver_root, self.dev_root, KEY_OPTIONS)
-        changed = key != self.key
+        if key != self.key:
+            self._find_library()
+        layout = self._layout()
+        changed = key != self.key or (layout is not None and layout != self.layout)
         if not changed and time.monotonic() - self.last_sync < resync:
             return
         try:
@@ -62,7 +87,7 @@ class Publisher:
             return
         if changed or not line.endswith("current"):
             log(f"ResourceSlices of {self.node}: {line}")
-        self.key, self.last_sync = key, time.monotonic()
+        self.key, self.layout, self.last_sync = key, layout, time.monotonic()
 
 
 def _node_uid(kube: Kube, node: str) -> str | None:

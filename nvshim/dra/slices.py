@@ -23,6 +23,7 @@ PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 NUMA_NODE = "resource.kubernetes.io/numaNode"
 SLICES = f"{RESOURCE_API}/resourceslices"
+MEMORY_SLICES = 8  # a MIG-capable GPU's memory, in eighths
 
 
 def semver(text: str) -> str | None:
@@ -100,6 +101,12 @@ def mig_device(mig: MigDevice, host: Host, places: dict[str, dict[str, Any]]) ->
     capacity = {"memory": {"value": _mebibytes(mig.memory_total)}}
     if mig.multiprocessors:
         capacity["multiprocessors"] = {"value": str(mig.multiprocessors)}
+    for name, count in mig.engines:
+        capacity[name] = {"value": str(count)}
+    if mig.memory_slices:  # the reference driver's memorySliceN: 1 for each one it holds
+        start, size = mig.memory_slices
+        for n in range(start, min(start + size, MEMORY_SLICES)):
+            capacity[f"memorySlice{n}"] = {"value": "1"}
     return {
         "name": device_name(mig),
         "attributes": _attrs({**attrs, **_common(parent, host, places)}),

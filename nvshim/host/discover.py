@@ -59,6 +59,8 @@ def discover_host(driver_root: str = "/", dev_root: str = "/") -> Host:
                     gi_cap,
                     ci_cap,
                     m.multiprocessors,
+                    tuple(sorted((m.engines or {}).items())),
+                    m.memory_slices,
                 )
             )
         numa = devices.numa_node(dev_root, g.pci_bus_id)

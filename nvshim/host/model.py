@@ -64,6 +64,10 @@ class MigDevice:
     gi_cap: NodeInfo | None = None
     ci_cap: NodeInfo | None = None
     multiprocessors: int | None = None  # streaming multiprocessors (NVML MIG attributes)
+    # its GPU instance profile's engine counts (copyEngines, decoders, encoders,
+    # jpegEngines, ofaEngines) and its placement among the 8 memory slices (start, size)
+    engines: tuple[tuple[str, int], ...] = ()
+    memory_slices: tuple[int, int] | None = None
 
     @property
     def name_index(self) -> str:
@@ -125,8 +129,15 @@ class Host:
             return NodeInfo(**d) if d else None
 
         def mig(d: dict) -> MigDevice:
+            slices = d.get("memory_slices")
             return MigDevice(
-                **{**d, "gi_cap": node(d.get("gi_cap")), "ci_cap": node(d.get("ci_cap"))}
+                **{
+                    **d,
+                    "gi_cap": node(d.get("gi_cap")),
+                    "ci_cap": node(d.get("ci_cap")),
+                    "engines": tuple(tuple(e) for e in d.get("engines") or ()),
+                    "memory_slices": tuple(slices) if slices else None,
+                }
             )
 
         def gpu(d: dict) -> Gpu:

@@ -52,6 +52,8 @@ class NvmlMig:
     profile: str
     memory_total: int
     multiprocessors: int | None = None
+    engines: dict[str, int] | None = None  # the GPU instance profile's engine counts
+    memory_slices: tuple[int, int] | None = None  # (start, size) of its placement
 
 
 @record
@@ -117,6 +119,9 @@ def load_library(path: str | None):
     return pynvml
 
 
+# nvmlGpuInstanceProfileInfo_t's engine counts, in order (copyEngineCount .. ofaCount)
+ENGINES = ("copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
+GPU_INSTANCE_PROFILES = 16  # NVML_GPU_INSTANCE_PROFILE_* indexes tried (14 known)
 # nvmlReturn_t values discovery tells apart (nvml.h)
 NOT_SUPPORTED = 3
 NOT_FOUND = 6
@@ -246,6 +251,27 @@ class Nvml:
         self("nvmlDeviceGetAttributes_v2", handle, attrs)
         return attrs[6], attrs[7], attrs[8] | attrs[9] << 32, attrs[0]
 
+    def gpu_instance(self, parent, gi: int, profiles: dict[int, dict[str, int]]):
+        """A GPU instance's engine counts (its profile's info) and memory-slice placement
+        ``(start, size)``; ``(None, None)`` where the driver has no such calls.
+        ``profiles`` caches the parent's profiles by id."""
+        try:
+            handle = self.handle("nvmlDeviceGetGpuInstanceById", parent, self.ctypes.c_uint(gi))
+            info = (self.ctypes.c_uint * 6)()  # nvmlGpuInstanceInfo_t: a pointer, 4 uints
+            self("nvmlGpuInstanceGetInfo", handle, info)
+        except NvmlCallError:
+            return None, None
+        if not profiles:
+            for index in range(GPU_INSTANCE_PROFILES):
+                raw = (self.ctypes.c_uint * 12)()  # nvmlGpuInstanceProfileInfo_t (v1)
+                try:
+                    self("nvmlDeviceGetGpuInstanceProfileInfo", parent, index, raw)
+                except NvmlCallError:
+                    continue
+                profiles[raw[0]] = dict(zip(ENGINES, raw[5:10], strict=True))
+            profiles.setdefault(-1, {})  # looked: not again for the next instance
+        return profiles.get(info[3]), (info[4], info[5]) if info[5] else None
+
 
 def query(library: str | None) -> NvmlSnapshot:
     """Query the driver, every GPU and every MIG device through NVML."""
@@ -328,6 +354,7 @@ def _gpu(nvml: Nvml, index: int) -> NvmlGpu:
         mig_enabled=mig_enabled,
     )
     if mig_enabled:
+        profiles: dict[int, dict[str, int]] = {}
         for slot in range(nvml.uint("nvmlDeviceGetMaxMigDeviceCount", handle)):
             try:
                 mig = nvml.handle(
@@ -338,15 +365,19 @@ def _gpu(nvml: Nvml, index: int) -> NvmlGpu:
                     raise
                 continue
             gi_slices, ci_slices, mig_mib, multiprocessors = nvml.attributes(mig)
+            gi = nvml.uint("nvmlDeviceGetGpuInstanceId", mig)
+            engines, memory_slices = nvml.gpu_instance(handle, gi, profiles)
             gpu.migs.append(
                 NvmlMig(
                     index=slot,
-                    gi=nvml.uint("nvmlDeviceGetGpuInstanceId", mig),
+                    gi=gi,
                     ci=nvml.uint("nvmlDeviceGetComputeInstanceId", mig),
                     uuid=nvml.text("nvmlDeviceGetUUID", mig),
                     profile=mig_profile(gi_slices, ci_slices, mig_mib, memory),
                     memory_total=nvml.memory_total(mig),
                     multiprocessors=multiprocessors,
+                    engines=engines,
+                    memory_slices=memory_slices,
                 )
             )
     return gpu

@@ -152,6 +152,49 @@ def daemon_pid(pipe_dir: str) -> int | None:
     return pid if stat[0].startswith(CONTROL_BINARY[:15]) else None
 
 
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started (``/proc/<pid>/stat`` field 22, clock ticks after boot): with
+    the pid, the process's identity (a reused pid starts later). None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            tail = fh.read(1024).rpartition(b")")[2].split()
+        return int(tail[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pin_daemon(pipe_dir: str, expect: tuple[int, int] | None = None) -> tuple[int, int, int] | None:
+    """``(pidfd, pid, start_time)`` of the live control daemon of ``pipe_dir``, held through
+    a pidfd (the caller closes it). The identity is checked after the pidfd is open, so the
+    fd names that very process however long it is held. ``expect``: the ``(pid,
+    start_time)`` recorded when it was started; another daemon (or a reused pid) is None."""
+    pid = daemon_pid(pipe_dir)
+    if pid is None or (expect is not None and expect[0] != pid):
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    started = process_start_time(pid)
+    if (
+        started is None
+        or (expect is not None and expect[1] != started)
+        or daemon_pid(pipe_dir) != pid
+    ):
+        os.close(fd)
+        return None
+    return fd, pid, started
+
+
+def wait_pidfd(fd: int, timeout: float) -> bool:
+    """True once the process behind ``fd`` has exited (within ``timeout`` seconds)."""
+    import select
+
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    return bool(poll.poll(max(0, int(timeout * 1000))))
+
+
 def is_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     stat = _proc_stat(pid)
@@ -307,6 +350,7 @@ def _spawn_daemon(binary: str, env: dict[str, str], dirs: DaemonDirs, timeout: f
         try:
             os.close(err_r)
             os.chdir("/")
+            os.setsid()  # the daemon's own session: nothing of the caller's reaches it
             _enter_private_shm(libc, dirs.shm)
             out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
             null = os.open(os.devnull, os.O_RDONLY)
@@ -533,24 +577,28 @@ def stop_daemon(
     shared: SharedDevice | None = None,
     timeout: float = STOP_TIMEOUT,
 ) -> DaemonStatus:
-    """Send ``quit`` to the device's daemon, wait for it to exit, restore the compute mode
-    recorded by ``start`` and detach the shm tmpfs. ``shared``: its sharing config entry,
-    when it still has one."""
+    """Send ``quit`` to the device's daemon, wait (on its pidfd) for it to exit, restore
+    the compute mode recorded by ``start`` and detach the shm tmpfs. ``shared``: its
+    sharing config entry, when it still has one."""
     from nvshim.mps import compute
 
     dirs = daemon_dirs(mps_root, uuid)
     state = _read_state(dirs)
     result = _status_of(shared, uuid, dirs, state)
-    pid = daemon_pid(dirs.pipe)
-    if pid is None:
+    pinned = pin_daemon(dirs.pipe)
+    if pinned is None:
         result.action = "not running"
     else:
-        binary = control_binary(host)
-        run_control(binary, daemon_env(host, dirs, uuid), ["quit"], timeout)
-        if not _wait_for(lambda: not is_alive(pid), timeout):
-            result.running, result.pid = True, pid
-            result.problem = f"daemon {pid} did not exit within {timeout:g}s of quit"
-            return result
+        fd, pid, _ = pinned
+        try:
+            binary = control_binary(host)
+            run_control(binary, daemon_env(host, dirs, uuid), ["quit"], timeout)
+            if not wait_pidfd(fd, timeout):
+                result.running, result.pid = True, pid
+                result.problem = f"daemon {pid} did not exit within {timeout:g}s of quit"
+                return result
+        finally:
+            os.close(fd)
         result.action = "stopped"
     if "previous_compute_mode" in state:
         previous = int(state["previous_compute_mode"])

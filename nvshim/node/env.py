@@ -168,6 +168,17 @@ def _first(setting: str, env: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
+def driver_roots(host_root: str, env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The driver root and dev root as the installer reaches them under ``host_root``,
+    from the same variables it reads (host paths; ``/`` and the driver root by default)."""
+    env = os.environ if env is None else env
+    found = _first("driver_root", env)
+    driver = _path(*found, host_root) if found and found[1] else "/"
+    found = _first("dev_root", env)
+    dev = _path(*found, host_root) if found and found[1] else driver
+    return _under(host_root, driver), _under(host_root, dev)
+
+
 def _path(name: str, raw: str, host_root: str | None = None) -> str:
     """An absolute path; one already under ``host_root`` is taken as its host path."""
     if not raw.startswith("/") or any(c in raw for c in "\n\r\0"):

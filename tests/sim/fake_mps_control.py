@@ -134,6 +134,10 @@ def start_daemon():
     if os.fork() > 0:
         os._exit(0)
     try:
+        # the real daemon's name, however this script was started (a launcher that runs
+        # python on it names the process python3)
+        with open("/proc/self/comm", "w", encoding="ascii") as fh:
+            fh.write("nvidia-cuda-mps")
         os.chdir("/")
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):

@@ -1145,6 +1145,39 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuI
     return NVML_SUCCESS;
 }
 
+/* A GPU instance's size in memory slices (eighths of the parent's memory, rounded up). */
+static unsigned gi_memory_slices(struct fake_dev *gpu, struct fake_dev *m)
+{
+    unsigned long long eighth = gpu->mem_total / 8 ? gpu->mem_total / 8 : 1;
+    unsigned size = (unsigned)((m->mem_total + eighth - 1) / eighth);
+    return size < 1 ? 1 : size > 8 ? 8 : size;
+}
+
+/* Where GPU instance `gi` of `gpu` sits among the 8 memory slices: the instances placed in
+ * order of their ids, each at the first free start aligned to its size. */
+static void gi_placement(struct fake_dev *gpu, unsigned gi, nvmlInstancePlacement_t *out)
+{
+    unsigned used = 0;
+    out->start = out->size = 0;
+    for (unsigned id = 0; id <= 14; id++) {
+        struct fake_dev *m = find_instance(gpu, id, -1);
+        if (!m)
+            continue;
+        unsigned size = gi_memory_slices(gpu, m), align = size > 4 ? 8 : size == 3 ? 4 : size;
+        unsigned mask = ((1u << size) - 1), start = 0;
+        while (start + size <= 8 && (used & (mask << start)))
+            start += align;
+        if (start + size > 8)
+            start = 0;
+        used |= mask << start;
+        if (id == gi) {
+            out->start = start;
+            out->size = size;
+            return;
+        }
+    }
+}
+
 EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance,
                                            nvmlGpuInstanceInfo_t *info)
 {
@@ -1155,7 +1188,7 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance,
     info->device = (nvmlDevice_t)parent_of(g);
     info->id = g->gi;
     info->profileId = profile_index(g->gi_slices);
-    info->placement.size = g->gi_slices;
+    gi_placement(parent_of(g), g->gi, &info->placement);
     return NVML_SUCCESS;
 }
 
@@ -1196,6 +1229,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, uns
         if (m->parent == d->index && m->gi_slices == info->sliceCount) {
             info->multiprocessorCount = m->sm;
             info->memorySizeMB = m->mem_total >> 20;
+            info->copyEngineCount = m->ce;
+            info->decoderCount = m->dec;
+            info->encoderCount = m->enc;
+            info->jpegCount = m->jpg;
+            info->ofaCount = m->ofa;
+            info->instanceCount = 7 / info->sliceCount;
         }
     }
     return NVML_SUCCESS;

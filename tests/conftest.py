@@ -15,7 +15,7 @@ import pytest
 CACHE_DIR = os.environ["NVSHIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nvshim-test-cache-")
 
 from tests.hostguard import HostGuard  # noqa: E402
-from tests.k8s.fixtures import k8s, k8s_16, k8s_17, k8s_clusters, k8s_ns  # noqa: E402, F401
+from tests.k8s.fixtures import k8s, k8s_16, k8s_17, k8s_clusters, k8s_crio, k8s_ns  # noqa: E402, F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GUARD = HostGuard()

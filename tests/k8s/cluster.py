@@ -181,7 +181,7 @@ kill -TERM "$old" || exit 1
 n=0
 while [ $n -lt 900 ]; do
     new=$(cat "$pidfile" 2>/dev/null)
-    if [ -n "$new" ] && [ "$new" != "$old" ] && [ -S """ + CRIO_SOCKET + """ ] \\
+    if [ -n "$new" ] && [ "$new" != "$old" ] && [ -S /run/crio/crio.sock ] \\
         && ! kill -0 "$old" 2>/dev/null; then
         exit 0
     fi

@@ -9,8 +9,9 @@ restarts each one ``restart_delay`` after it exits (as systemd's ``Restart=alway
 kubelet that finds no runtime yet exits), keeps each one's pid in ``pid_dir/NAME.pid`` (the
 node's ``systemctl`` stand-in restarts the engine through it), logs every exit to ``exits``
 in the state dir, reaps every orphan, and writes ``ready`` in the state directory once the
-node is Ready and the default service account exists. SIGTERM stops the components in reverse order; when
-this process ends the kernel kills whatever is left in the PID namespace.
+node is Ready and the default service account exists. SIGTERM stops the components in
+reverse order; when this process ends the kernel kills whatever is left in the PID
+namespace.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The documented Kubernetes steps, run literally on a real one-node cluster
-(tests/k8s/cluster.py: kubelet, API server, containerd 1.6 and 1.7) whose driver root is
-the simulated 8 x H100 host (GPUs 6 and 7 in MIG mode), issue 23:
+(tests/k8s/cluster.py: kubelet, API server, containerd 1.6 and 1.7, CRI-O 1.36) whose
+driver root is the simulated 8 x H100 host (GPUs 6 and 7 in MIG mode), issues 23 and 31:
 
-apply the containerd overlay plus only a test overlay for the environment (the simulated
-driver root, the image tag), ``rollout status``, the documented smoke pod; the device
+apply the engine's overlay (containerd, crio) plus only a test overlay for the environment
+(the simulated driver root, the image tag), ``rollout status``, the documented smoke pod; the device
 plugin's request forms (tests/fake_device_plugin.py answers Allocate as NVIDIA's plugin
 does: volume-mounts, cdi-annotations, envvar), each getting exactly its GPU or MIG device,
 or refused with the reason in the pod's events; a GPU init container and two GPU
@@ -11,9 +11,13 @@ containers in one pod; ``kubectl exec``; a read-only root; the exporter scraped 
 pod IP; a rolling update to a second image tag with a GPU pod running; kill -9 of the
 installer; ``kubectl delete -k`` (the engine config byte for byte, the uninstall's lines
 in ``kubectl logs``, a running GPU pod still exec-able and deletable, then nothing left).
+On CRI-O: the drop-in and nothing else in ``crio.conf.d``, CRI-O restarted (a SIGHUP does
+not apply handler changes) and the log saying why, and an uninstall that leaves CRI-O
+running while containers of nvshim's handler remain (they stay manageable through the
+pass-through, which goes with the last of them).
 
-One cluster per containerd version, one install, many assertions per pod: the tests of
-this module run in order and share the install.
+One cluster per engine, one install, many assertions per pod: the tests of this module run
+in order and share the install.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import yaml
 from tests.conftest import REPO
 from tests.fake_device_plugin import Plugin
 from tests.k8s import artifacts
-from tests.k8s.cluster import CONTAINERD_CONFIG, DRIVER_ROOT, NODE_NAME
+from tests.k8s.cluster import CONTAINERD_CONFIG, CRIO_DROP_INS, DRIVER_ROOT, NODE_NAME
 from tests.test_node_lifecycle import SHARING
 
 KUBE = os.path.join(REPO, "packaging", "kubernetes")
@@ -80,10 +84,55 @@ spec:
 """
 
 
+CRIO_DROP_IN = f"{CRIO_DROP_INS}/99-nvshim.toml"  # the crio overlay's RUNTIME_CONFIG
+
+
+@pytest.fixture(scope="session", params=artifacts.ENGINES,
+                ids=lambda v: v if v == "crio" else f"ctd{v}")  # fmt: skip
+def k8s(request, k8s_clusters):
+    """The shared cluster of each engine (containerd 1.6, 1.7, CRI-O)."""
+    return k8s_clusters(request.param)
+
+
+def engine_files(k8s) -> dict[str, bytes]:
+    """The engine's configuration as the installer may change it: containerd's config
+    file; every file under CRI-O's /etc/crio (crio.conf, crio.conf.d, the sidecars)."""
+    if k8s.engine == "containerd":
+        return {CONTAINERD_CONFIG: open(k8s.path(CONTAINERD_CONFIG), "rb").read()}
+    top = k8s.path("/etc/crio")
+    found = {}
+    for path, _dirs, files in os.walk(top):
+        for name in files:
+            with open(os.path.join(path, name), "rb") as fh:
+                found[os.path.relpath(os.path.join(path, name), top)] = fh.read()
+    return found
+
+
+def assert_registered(k8s) -> None:
+    """nvshim's runtime is in the engine's config (CRI-O: its drop-in, alone there)."""
+    if k8s.engine == "containerd":
+        config = open(k8s.path(CONTAINERD_CONFIG)).read()
+        assert 'BinaryName = "/usr/local/nvshim/bin/nvshim-runtime"' in config
+        assert "cdi.k8s.io/*" in config
+        return
+    import tomllib
+
+    # CRI-O parses every file in crio.conf.d: no backup or record may sit there
+    assert os.listdir(k8s.path(CRIO_DROP_INS)) == ["99-nvshim.toml"]
+    table = tomllib.loads(open(k8s.path(CRIO_DROP_IN)).read())["crio"]["runtime"]
+    handler = table["runtimes"]["nvshim"]
+    # a drop-in table replaces the whole handler: every key of runc's is there
+    assert handler["runtime_path"] == "/usr/local/nvshim/bin/nvshim-runtime"
+    assert handler["runtime_type"] == "oci"
+    assert handler["monitor_path"] == "/usr/bin/conmon"
+    assert handler["runtime_root"] == "/run/nvshim-runc"  # nvshim's containers, apart
+    assert "default_runtime" not in table
+
+
 class Node:
     """The cluster with nvshim installed by the test overlay, and what the tests share."""
 
-    def __init__(self, k8s, overlay: str, original: bytes, ready_after: float) -> None:
+    def __init__(self, k8s, overlay: str, original: dict, ready_after: float) -> None:
         self.k8s = k8s
         self.overlay = overlay
         self.original = original
@@ -157,17 +206,16 @@ def container(name: str, command: str = SHOW, resource: str | None = None, **ext
 
 @pytest.fixture(scope="module")
 def node(k8s, tmp_path_factory):
-    """nvshim installed the documented way: label the node, apply the containerd overlay
+    """nvshim installed the documented way: label the node, apply the engine's overlay
     through the test overlay, rollout status. The device plugin stand-ins registered."""
     k8s.import_node_image(TAG)
-    tagged = k8s.ctr("images", "tag", "--force", artifacts.BUSYBOX, UBUNTU)
-    assert tagged.returncode == 0, tagged.stderr
+    k8s.tag_image(artifacts.BUSYBOX, UBUNTU)
     overlay = tmp_path_factory.mktemp("overlay")
-    base = os.path.join(KUBE, "overlays", "containerd")
+    base = os.path.join(KUBE, "overlays", "crio" if k8s.engine == "crio" else "containerd")
     relative = os.path.relpath(base, overlay)  # kustomize takes no absolute base
     (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=relative))
     (overlay / "environment.yaml").write_text(ENVIRONMENT)
-    original = open(k8s.path(CONTAINERD_CONFIG), "rb").read()
+    original = engine_files(k8s)
     k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}=true", "--overwrite")
     started = time.monotonic()
     k8s.kubectl("apply", "-k", str(overlay))
@@ -207,9 +255,7 @@ def node(k8s, tmp_path_factory):
 
 def test_installed_on_the_node(node):
     k8s = node.k8s
-    config = open(k8s.path(CONTAINERD_CONFIG)).read()
-    assert 'BinaryName = "/usr/local/nvshim/bin/nvshim-runtime"' in config
-    assert "cdi.k8s.io/*" in config
+    assert_registered(k8s)
     # the CDI spec went to the node's /var/run/cdi (a link to /run there)
     spec = yaml.safe_load(open(k8s.path("/run/cdi/nvshim.yaml")))
     whole = {u for u, g in node.gpus.items() if g.get("mig_mode") != "enabled"}
@@ -435,8 +481,7 @@ def test_kill_9_of_the_installer_converges(node):
             break
         assert time.monotonic() < deadline, pod["status"]
         time.sleep(0.5)
-    config = open(node.k8s.path(CONTAINERD_CONFIG)).read()
-    assert 'BinaryName = "/usr/local/nvshim/bin/nvshim-runtime"' in config
+    assert_registered(node.k8s)
     node.pod("after-kill", [container("main", resource="nvidia.com/gpu")])
     assert node.done("after-kill") == "Succeeded", node.events("after-kill")
 
@@ -457,12 +502,18 @@ def test_delete_k_restores_and_leaves_running_pods_manageable(node):
     except subprocess.TimeoutExpired:
         follow.kill()
         streamed, _ = follow.communicate()
-    # the engine config, byte for byte
-    assert open(k8s.path(CONTAINERD_CONFIG), "rb").read() == node.original
+    # the engine config, byte for byte (CRI-O: /etc/crio, every file)
+    assert engine_files(k8s) == node.original
     # the uninstall's lines reached kubectl logs (the engine restart comes last)
     assert "SIGTERM received: uninstalling" in streamed, streamed
-    assert "restored the original" in streamed, streamed
-    assert "restarting containerd" in streamed, streamed
+    if k8s.engine == "crio":
+        assert "removed" in streamed and CRIO_DROP_IN in streamed, streamed
+        # GPU pods remain: a restart would leave CRI-O unable to manage them
+        assert "not restarting crio: " in streamed, streamed
+        assert "failed to find runtime handler" in streamed, streamed
+    else:
+        assert "restored the original" in streamed, streamed
+        assert "restarting containerd" in streamed, streamed
     # running GPU pods stay manageable: exec, then delete
     assert os.readlink(k8s.path("/usr/local/nvshim")) == "nvshim-versions/pass-through"
     # (through the pass-through: the devices are there; nvshim's exec additions are not)
@@ -475,8 +526,8 @@ def test_delete_k_restores_and_leaves_running_pods_manageable(node):
     node.kubectl("delete", "pods", "--all", "-n", node.ns, timeout=120)
     # nothing left, once the kubelet has stopped the last sandbox (after the API object)
     paths = ("/usr/local/nvshim", "/usr/local/nvshim-versions", "/etc/nvshim", "/run/nvshim",
-             "/run/cdi/nvshim.yaml")  # fmt: skip
-    deadline = time.monotonic() + 60
+             "/run/cdi/nvshim.yaml", "/run/nvshim-runc")  # fmt: skip
+    deadline = time.monotonic() + 120  # (CRI-O: the kubelet's container GC removes them)
     while any(os.path.lexists(k8s.path(p)) for p in paths) and time.monotonic() < deadline:
         time.sleep(0.5)
     left = {p: os.listdir(k8s.path(p)) if os.path.isdir(k8s.path(p)) else "file"
@@ -501,6 +552,8 @@ def test_aks_node_shape_takes_the_default_and_gives_it_back(node, tmp_path):
     The aks overlay lands there, nvshim takes the default (NVIDIA's entry stays), such a
     pod gets exactly its GPU, and delete -k gives the node's config back byte for byte."""
     k8s = node.k8s
+    if k8s.engine != "containerd":
+        pytest.skip("AKS GPU nodes run containerd")
     config = k8s.path(CONTAINERD_CONFIG)
     first = open(config).read()
     marker = '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes]\n'

@@ -19,7 +19,7 @@ Inside the namespaces (PID 1 is tests/k8s/nsinit.py):
   ``systemctl restart crio`` would (an installer must restart CRI-O 1.36: SIGHUP does not
   apply runtime handler changes); ``/proc/cgroups`` shows hugetlb disabled (on these hybrid
   hosts hugetlb is not a v1 hierarchy, and CRI-O would have runc set hugetlb limits); the
-  runc handler runs through the archive's ``runc-oomclamp`` (no CAP_SYS_RESOURCE here);
+  runc handler runs through ``RUNC_CLAMP`` (no CAP_SYS_RESOURCE here);
 - ``lo`` carries the node address ``NODE_IP``; pods get addresses from the bridge CNI
   (``cni0``, ``POD_SUBNET``); ``SERVICE_IP`` (the ``kubernetes`` service) is DNATed to the
   API server, so in-cluster clients work (there is no kube-proxy and no cluster DNS);
@@ -110,10 +110,58 @@ def _containerd_config(version: str, bin_dir: str, sandbox_image: str, cdi: bool
     return tomlkit.dumps(doc)
 
 
-def _crio_config(crio_dir: str, storage: str, sandbox_image: str) -> str:
+# runc for CRI-O's runc handler on these machines (no CAP_SYS_RESOURCE): before create, run
+# and exec, a negative oomScoreAdj is raised to ours (as ../shared/crio's runc-oomclamp and
+# containerd's restrict_oom_score_adj do) and capabilities outside our bounding set are
+# dropped (CRI-O gives a privileged container every capability it knows; containerd gives
+# the ones it has).
+RUNC_CLAMP = """#!/usr/bin/python3 -IS
+import json, os, sys
+
+CAPS = ("CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP "
+        "LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER "
+        "SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE "
+        "SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+        "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF "
+        "CHECKPOINT_RESTORE").split()
+args = sys.argv[1:]
+command, bundle, process, prev = None, ".", None, None
+for arg in args:
+    if prev in ("--bundle", "-b"):
+        bundle = arg
+    elif prev in ("--process", "-p"):
+        process = arg
+    elif arg.startswith("--bundle="):
+        bundle = arg.split("=", 1)[1]
+    elif arg.startswith("--process="):
+        process = arg.split("=", 1)[1]
+    elif command is None and arg in ("create", "run", "exec"):
+        command = arg
+    prev = arg
+path = process if command == "exec" else os.path.join(bundle, "config.json") if command else None
+if path and os.path.isfile(path):
+    with open(path) as fh:
+        doc = json.load(fh)
+    proc = doc if command == "exec" else doc.get("process") or {}
+    with open("/proc/self/oom_score_adj") as fh:
+        mine = int(fh.read())
+    if proc.get("oomScoreAdj", 0) < mine:
+        proc["oomScoreAdj"] = mine
+    with open("/proc/self/status") as fh:
+        bnd = int(next(l for l in fh if l.startswith("CapBnd:")).split()[1], 16)
+    have = {"CAP_" + n for i, n in enumerate(CAPS) if bnd >> i & 1}
+    for key, caps in (proc.get("capabilities") or {}).items():
+        proc["capabilities"][key] = [c for c in caps if c in have]
+    with open(path, "w") as fh:
+        json.dump(doc, fh)
+os.execv("/usr/sbin/runc", ["runc", *args])
+"""
+
+
+def _crio_config(crio_dir: str, runc: str, storage: str, sandbox_image: str) -> str:
     """CRI-O's ``crio.conf`` for these machines (../shared/crio/README.md): runc through
-    ``runc-oomclamp`` (no negative oom_score_adj without CAP_SYS_RESOURCE) as the default
-    (1.36's built-in default is crun), cgroupfs, the store on the real filesystem."""
+    ``RUNC_CLAMP`` as the default (1.36's built-in default is crun), cgroupfs, the store on
+    the real filesystem."""
     return f"""\
 # CRI-O for the nvshim test cluster (tests/k8s/cluster.py)
 [crio]
@@ -134,7 +182,7 @@ hooks_dir = ["/usr/share/containers/oci/hooks.d"]
 irqbalance_config_restore_file = "disable"
 
 [crio.runtime.runtimes.runc]
-runtime_path = "{crio_dir}/bin/runc-oomclamp"
+runtime_path = "{runc}"
 runtime_type = "oci"
 runtime_root = "/run/runc"
 monitor_path = "/usr/bin/conmon"
@@ -506,8 +554,11 @@ class Cluster:
         with hugetlb off (the README's pitfall 2)."""
         crio = etc / "crio"
         (crio / "crio.conf.d").mkdir(parents=True)
+        runc = self.workdir / "runc-clamp"
+        runc.write_text(RUNC_CLAMP)
+        runc.chmod(0o755)
         (crio / "crio.conf").write_text(
-            _crio_config(self.crio_dir, str(self.crio_storage), artifacts.PAUSE)
+            _crio_config(self.crio_dir, str(runc), str(self.crio_storage), artifacts.PAUSE)
         )
         policy = {"default": [{"type": "insecureAcceptAnything"}]}
         (crio / "policy.json").write_text(json.dumps(policy) + "\n")

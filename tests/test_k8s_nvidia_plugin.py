@@ -110,7 +110,6 @@ def node(k8s, tmp_path_factory):
     (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=base))
     (overlay / "environment.yaml").write_text(ENVIRONMENT)
     original = open(k8s.path(CONTAINERD_CONFIG), "rb").read()
-    shipped = k8s.sim.topology
     k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}=true", "--overwrite")
     started = time.monotonic()
     k8s.kubectl("apply", "-k", str(overlay))
@@ -127,7 +126,7 @@ def node(k8s, tmp_path_factory):
         k8s.kubectl("delete", "-k", state.overlay, "--ignore-not-found", "--wait=true",
                     check=False, timeout=400)  # fmt: skip
         k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}-", check=False)
-        change_host(k8s, shipped)
+        change_host(k8s, k8s.sim_name)  # the shipped host back for the other tests
 
 
 def plugin_flags(list_strategy: str, id_strategy: str, mig_strategy: str) -> dict[str, str]:

@@ -3,7 +3,14 @@
 # The steps that finish a container inside its mount namespace, and what separates them
 # in one ``nvshim-hook finish STEP ARGS + STEP ARGS`` entry (never a link spec or an
 # absolute folder). Here, not in nvshim.launch, so the hook does not import the edits.
-FINISHERS = ("create-symlinks", "update-ldcache", "disable-device-node-modification")
+FINISHERS = (
+    "create-symlinks",
+    "update-ldcache",
+    "disable-device-node-modification",
+    "chmod",
+    "enable-cuda-compat",
+    "update-application-profile",
+)
 STEP_SEPARATOR = "+"
 
 

@@ -4,6 +4,12 @@
 Grammar: ``nvshim-hook [--config FILE] STEP [OPTIONS]``; options take ``--name VALUE``
 or ``--name=VALUE``; ``--config`` may also follow the step. ``finish`` takes the rest of
 the line as ``STEP ARGS [+ STEP ARGS]...``. Errors raise NvshimError (exit status 2).
+
+NVIDIA's CDI hook lines are taken as they are (docs/coming-from-nvidia-toolkit.md): the
+``nvidia-ctk hook NAME ...`` form (a leading ``hook`` word), its global ``-d/--debug`` and
+``--quiet`` (accepted, ignored: nvshim logs every decision), its hooks and their flags
+(``--ldconfig-path`` is ``--ldconfig``; ``--container-spec FILE`` reads the OCI state
+from FILE instead of stdin).
 """
 
 from __future__ import annotations
@@ -21,11 +27,38 @@ STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] =
         {"--link": ("list", "TARGET::LINK", "a symlink LINK pointing at TARGET")},
         (),
     ),
+    "chmod": (
+        "set the mode of paths in the container root",
+        {
+            "--path": ("list", "PATH", "a container path whose mode is set"),
+            "--mode": ("one", "MODE", "the octal mode"),
+        },
+        (),
+    ),
+    "enable-cuda-compat": (
+        "use the image's CUDA forward-compatibility libraries when newer than the driver",
+        {
+            "--host-driver-version": ("one", "VERSION", "the host driver version"),
+            "--host-cuda-version": ("one", "VERSION", "the newest CUDA the host driver supports"),
+            "--cuda-compat-container-root": (
+                "one",
+                "DIR",
+                "the compat libraries' folder (default: /usr/local/cuda/compat)",
+            ),
+        },
+        (),
+    ),
+    "update-application-profile": (
+        "limit EGL/Vulkan to the container's GPUs (a driver application profile)",
+        {},
+        (),
+    ),
     "update-ldcache": (
         "make library folders visible to ld.so",
         {
             "--folder": ("list", "DIR", "a container folder with injected libraries"),
             "--ldconfig": ("one", "FILE", "the host's static ldconfig (default: /sbin/ldconfig)"),
+            "--ldconfig-path": ("one", "FILE", "the same as --ldconfig (NVIDIA's spelling)"),
         },
         (),
     ),
@@ -64,6 +97,12 @@ STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] =
     ),
 }
 CONFIG_HELP = "nvshim config.toml (default: $NVSHIM_CONFIG or /etc/nvshim/config.toml)"
+# Options every step takes: NVIDIA's ``--container-spec`` (its hooks take it too)
+STATE_OPTION = {"--container-spec": ("one", "FILE", "read the OCI state from FILE, not stdin")}
+# NVIDIA's global flags, accepted and ignored (``--flag`` or ``--flag=BOOL``)
+IGNORED_FLAGS = ("-d", "--debug", "--quiet")
+# the word of NVIDIA's ``nvidia-ctk hook NAME`` form
+HOOK_WORD = "hook"
 LOG_FORMATS = ("text", "json")
 
 
@@ -84,6 +123,12 @@ class HookArgs:
         self.cuda: str | None = None
         self.driver: str | None = None
         self.device: list[str] = []
+        self.path: list[str] = []
+        self.mode: str | None = None
+        self.host_driver_version: str | None = None
+        self.host_cuda_version: str | None = None
+        self.cuda_compat_container_root: str | None = None
+        self.container_spec: str | None = None
 
     def __repr__(self) -> str:
         return f"HookArgs({self.command!r}, config={self.config!r})"
@@ -105,7 +150,10 @@ def parse_args(argv: list[str]) -> HookArgs:
     """Parse a full command line (without the program name)."""
     config = log_format = None
     i = 0
-    while i < len(argv) and argv[i].startswith("-"):
+    while i < len(argv) and (argv[i].startswith("-") or argv[i] == HOOK_WORD):
+        if argv[i] == HOOK_WORD or _ignored_flag(argv[i]):
+            i += 1
+            continue
         if argv[i] == "--version":
             from nvshim import __version__
 
@@ -145,24 +193,35 @@ def parse_step(words: list[str]) -> HookArgs:
     i = 0
     while i < len(rest):
         word = rest[i]
+        if _ignored_flag(word):
+            i += 1
+            continue
         if not word.startswith("-") or word == "-":
             if not wanted:
                 raise _usage_error(f"{command}: unexpected argument {word!r}")
             setattr(args, wanted.pop(0), word)
             i += 1
             continue
-        name, value, i = _option(rest, i, "--config", *options)
+        name, value, i = _option(rest, i, "--config", *STATE_OPTION, *options)
         if name in ("-h", "--help"):
             raise HelpRequested(help_text(command))
         if name == "--config":
             args.config = value
-        elif options[name][0] == "list":
-            getattr(args, name[2:]).append(value)
+        elif name == "--ldconfig-path":
+            args.ldconfig = value
+        elif name in STATE_OPTION or options[name][0] == "one":
+            setattr(args, name[2:].replace("-", "_"), value)
         else:
-            setattr(args, name[2:], value)
+            getattr(args, name[2:]).append(value)
     if wanted:
         raise _usage_error(f"{command}: the following arguments are required: {wanted[0]}")
     return args
+
+
+def _ignored_flag(word: str) -> bool:
+    """NVIDIA's ``-d``, ``--debug``, ``--quiet`` (also ``=true``/``=false``)."""
+    name, eq, value = word.partition("=")
+    return name in IGNORED_FLAGS and (not eq or value.lower() in ("true", "false", "1", "0"))
 
 
 def _option(words: list[str], i: int, *known: str) -> tuple[str, str | None, int]:

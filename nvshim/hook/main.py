@@ -138,6 +138,20 @@ def _run(args: HookArgs, state, ctx: Context) -> dict | None:
     return None if INJECTED_ANNOTATION in annotations(spec) else fields
 
 
+def _state(args: HookArgs):
+    """The OCI state: stdin, or NVIDIA's ``--container-spec FILE`` (``-``: stdin)."""
+    from nvshim.hook.state import read_state
+
+    source = args.container_spec
+    if source in (None, "", "-"):
+        return read_state(sys.stdin.buffer)
+    try:
+        with open(source, "rb") as stream:
+            return read_state(stream)
+    except OSError as err:
+        raise NvshimError(f"--container-spec {source}: cannot read: {err.strerror}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nvshim-hook`` launcher; returns the exit status."""
     try:
@@ -160,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     pod = None
     ctx = Context(config)
     try:
-        from nvshim.hook.state import read_state
-
-        state = read_state(sys.stdin.buffer)
+        state = _state(args)
         container_id, pod = state.id, state.annotations
         fields = _run(args, state, ctx)
     except Exception as err:  # noqa: BLE001 - every failure is one logged line, no traceback

@@ -48,6 +48,8 @@ class Context:
 
 
 def _host_ldcache(args: HookArgs, ctx: Context) -> None:
+    import nvshim.hook.cudacompat  # noqa: F401 - the container half reads its drop-in
+
     if ctx.ldconfig_fd is None:
         from nvshim.hook.ldconfig import open_host_ldconfig
 
@@ -77,11 +79,50 @@ def _step_symlinks(root, args, ctx: Context) -> dict:
 
 
 def _step_ldcache(root, args, ctx: Context) -> dict:
+    from nvshim.hook.cudacompat import enabled_folders
     from nvshim.hook.ldconfig import update_ldcache
 
     if ctx.ldconfig_fd is None:
         raise NvshimError("update-ldcache: the host ldconfig was not opened")
-    return update_ldcache(root, args.folder, ctx.ldconfig_fd)
+    # an enabled compat folder goes first: its libcuda.so.1 wins in the new cache
+    return update_ldcache(root, [*enabled_folders(root), *args.folder], ctx.ldconfig_fd)
+
+
+def _host_proc(args: HookArgs, ctx: Context) -> None:
+    from nvshim.hook import kernel
+
+    kernel.host_proc()  # opened while this is still the host's /proc
+
+
+def _host_chmod(args: HookArgs, ctx: Context) -> None:
+    from nvshim.hook.chmod import check_paths, parse_mode
+
+    parse_mode(args.mode)
+    check_paths(args.path)
+    _host_proc(args, ctx)
+
+
+def _step_chmod(root, args, ctx: Context) -> dict:
+    from nvshim.hook.chmod import chmod_paths, parse_mode
+
+    return chmod_paths(root, args.path, parse_mode(args.mode))
+
+
+def _step_compat(root, args, ctx: Context) -> dict:
+    from nvshim.hook.cudacompat import enable_cuda_compat
+
+    return enable_cuda_compat(
+        root,
+        args.host_driver_version or "",
+        args.host_cuda_version or "",
+        args.cuda_compat_container_root,
+    )
+
+
+def _step_profile(root, args, ctx: Context) -> dict:
+    from nvshim.hook.appprofile import update_application_profile
+
+    return update_application_profile(root)
 
 
 def _step_params(root, args, ctx: Context) -> dict:
@@ -99,6 +140,9 @@ STEPS: dict[str, tuple[str, Callable[[HookArgs, Context], None] | None, Callable
     "create-symlinks": ("nvshim.hook.symlinks", None, _step_symlinks),
     "update-ldcache": ("nvshim.hook.ldconfig", _host_ldcache, _step_ldcache),
     "disable-device-node-modification": ("nvshim.hook.params", _host_params, _step_params),
+    "chmod": ("nvshim.hook.chmod", _host_chmod, _step_chmod),
+    "enable-cuda-compat": ("nvshim.hook.cudacompat", _host_proc, _step_compat),
+    "update-application-profile": ("nvshim.hook.appprofile", None, _step_profile),
 }
 
 

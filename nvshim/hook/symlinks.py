@@ -1,6 +1,13 @@
-"""``create-symlinks``: SONAME and ``libcuda.so`` links inside the container root."""
+"""``create-symlinks``: SONAME and ``libcuda.so`` links inside the container root.
+
+As NVIDIA's hook: an identical link is left as it is, anything else at LINK (another
+link, a file) is replaced atomically (a new link under a temporary name, renamed over
+it in the parent's fd); a directory there is an error.
+"""
 
 from __future__ import annotations
+
+import os
 
 from nvshim.errors import NvshimError
 from nvshim.hook.fsroot import RootFS, RootPathError, normalize
@@ -19,18 +26,42 @@ def parse_link(spec: str) -> tuple[str, str]:
 
 def create_symlinks(root: RootFS, specs: list[str]) -> dict[str, str]:
     """Create each ``TARGET::LINK`` (missing parents made); identical links are fine and
-    other files already at LINK are left alone. Returns log fields."""
+    other files already at LINK are replaced. Returns log fields."""
     links = [parse_link(s) for s in specs]
     outcome: dict[str, list[str]] = {"created": [], "exists": [], "kept": []}
     for target, link in links:
         try:
-            outcome[root.symlink(target, link)].append(link)
+            kind = root.symlink(target, link)
+            if kind == "kept":
+                kind = _replace(root, target, link)
+            outcome[kind].append(link)
         except (OSError, RootPathError) as err:
             raise NvshimError(f"--link {target}::{link}: {_reason(err)}") from None
     fields = {"links_created": len(outcome["created"]), "links_existing": len(outcome["exists"])}
     if outcome["kept"]:
-        fields["links_kept_other_file"] = ",".join(outcome["kept"])
+        fields["links_replaced"] = ",".join(outcome["kept"])
     return fields
+
+
+def _replace(root: RootFS, target: str, link: str) -> str:
+    """Replace what is at ``link`` by a symlink to ``target`` (renameat in the parent's
+    fd: never follows what was there). Returns ``kept`` (the log's "replaced")."""
+    pfd, name = root.parent(link)
+    tmp = f".{name}.nvshim-{os.getpid()}.link"
+    try:
+        try:
+            os.unlink(tmp, dir_fd=pfd)
+        except FileNotFoundError:
+            pass
+        os.symlink(target, tmp, dir_fd=pfd)
+        try:
+            os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+        except OSError:
+            os.unlink(tmp, dir_fd=pfd)
+            raise
+    finally:
+        os.close(pfd)
+    return "kept"
 
 
 def _reason(err: Exception) -> str:

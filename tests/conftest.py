@@ -37,6 +37,18 @@ def _leaves_host_alone():
         pytest.fail(f"the test wrote host paths: {', '.join(new)}")
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test module may narrow its own parametrization matrix (fewer cells on one engine):
+    its ``wanted(item)`` says which items run; the others are deselected, not skipped."""
+    kept, dropped = [], []
+    for item in items:
+        wanted = getattr(getattr(item, "module", None), "wanted", None)
+        (kept if wanted is None or wanted(item) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_sessionfinish(session, exitstatus):
     written = _GUARD.written()
     if written:

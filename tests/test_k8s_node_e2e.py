@@ -296,23 +296,33 @@ def test_device_plugin_forms_get_exactly_their_device(node, resource):
         assert any(n.startswith("nvidia-caps/") for n in nodes), nodes
 
 
+def assert_refused(node, name: str) -> None:
+    """Pod ``name``'s container never started: containerd fails the pod; CRI-O's failed
+    create is CreateContainerError, retried, the pod stays Pending (deleted here once its
+    events say why)."""
+    if node.k8s.engine != "crio":
+        assert node.done(name) == "Failed"
+        return
+    deadline = time.monotonic() + 60
+    while True:
+        pod = node.k8s.get("pod", "-n", node.ns, name)
+        reasons = [c["state"].get("waiting", {}).get("reason")
+                   for c in pod["status"].get("containerStatuses", [])]  # fmt: skip
+        if "CreateContainerError" in reasons and "not honoured" in node.events(name):
+            break
+        assert time.monotonic() < deadline, (reasons, node.events(name))
+        time.sleep(0.5)
+    assert pod["status"]["phase"] == "Pending"
+    # (the kubelet creates a pod's containers in turn: those after the refused one wait)
+    assert set(reasons) <= {"CreateContainerError", "ContainerCreating"}, reasons
+    node.kubectl("delete", "pod", "-n", node.ns, name)
+
+
 def test_env_request_is_refused_with_the_reason_at_the_pod(node):
     """The device plugin's default envvar strategy from an unprivileged pod: the pod
     fails to start and says why, never runs without its GPU."""
     node.pod("dp-env", [container("main", resource="nvshim.test/gpu-env")])
-    if node.k8s.engine == "crio":
-        # CRI-O's failed create is CreateContainerError, retried: the pod stays Pending
-        deadline = time.monotonic() + 60
-        while "not honoured" not in node.events("dp-env"):
-            assert time.monotonic() < deadline, node.events("dp-env")
-            time.sleep(0.5)
-        pod = node.k8s.get("pod", "-n", node.ns, "dp-env")
-        assert pod["status"]["phase"] == "Pending"
-        (status,) = pod["status"]["containerStatuses"]
-        assert status["state"]["waiting"]["reason"] == "CreateContainerError", status
-        node.kubectl("delete", "pod", "-n", node.ns, "dp-env")
-    else:
-        assert node.done("dp-env") == "Failed"
+    assert_refused(node, "dp-env")
     events = node.events("dp-env")
     assert "NVIDIA_VISIBLE_DEVICES=" in events and "not honoured" in events, events
     assert "volume-mounts" in events

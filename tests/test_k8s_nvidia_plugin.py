@@ -1,6 +1,6 @@
 """NVIDIA's real device plugin (v0.20.0, ../shared/nvidia) beside nvshim on the real
-one-node cluster (containerd 1.6 and 1.7), nvshim installed by the node DaemonSet
-(``overlays/containerd``), issue 27:
+one-node cluster (containerd 1.6 and 1.7, CRI-O 1.36), nvshim installed by the node
+DaemonSet (``overlays/containerd``, ``overlays/crio``), issues 27 and 31:
 
 - every ``deviceListStrategy`` x ``deviceIDStrategy`` x ``migStrategy``: each container
   sees exactly what the kubelet's checkpoint says the plugin allocated (its GPU's node,
@@ -11,7 +11,10 @@ one-node cluster (containerd 1.6 and 1.7), nvshim installed by the node DaemonSe
 - the simulated host's MIG layout changes under the running cluster between the
   strategies (whole GPUs, mixed, single): nvshim's CDI spec follows within seconds
   (the installer's loop), and a pod asking the restarted plugin for a new MIG device gets
-  it; a driver upgrade likewise.
+  it; a driver upgrade likewise;
+- on CRI-O (OpenShift's engine): every list strategy under MIG mixed, and the OpenShift
+  GPU-sharing guide's ``time-slicing-config`` ConfigMap with replicas as the plugin's
+  config: each pod gets the GPU its replica belongs to.
 
 One cluster per containerd version (shared with the other cluster tests), one nvshim
 install per version, one plugin restart and one pod per matrix cell.
@@ -26,9 +29,20 @@ import time
 import pytest
 import yaml
 
-from tests.k8s.cluster import CONTAINERD_CONFIG, NODE_NAME
+from tests.k8s.artifacts import ENGINES
+from tests.k8s.cluster import NODE_NAME
 from tests.k8s.nvidia_plugin import NvidiaPlugin, allocated, change_host, layout
-from tests.test_k8s_node_e2e import ENVIRONMENT, GPU_LABEL, KUBE, TAG, TEST_OVERLAY, Node, container
+from tests.test_k8s_node_e2e import (
+    ENVIRONMENT,
+    GPU_LABEL,
+    KUBE,
+    TAG,
+    TEST_OVERLAY,
+    Node,
+    assert_refused,
+    container,
+    engine_files,
+)
 
 HOOK = "/usr/local/nvshim/bin/nvshim-hook"
 NVSHIM_SPEC = "/run/cdi/nvshim.yaml"
@@ -42,13 +56,37 @@ MIG = {
     "single": ("single", ("nvidia.com/gpu",)),
 }
 CELLS = [(m, lst, ids) for m in MIG for lst in LISTS for ids in IDS]
+CRIO_CELLS = [("mixed", lst, "uuid") for lst in LISTS]  # OpenShift's MIG mixed
+
+
+def _engine_id(name: str) -> str:
+    return name if name == "crio" else f"ctd{name}"
+
+
+@pytest.fixture(scope="session", params=ENGINES, ids=_engine_id)
+def k8s(request, k8s_clusters):
+    """The shared cluster of each engine (containerd 1.6, 1.7, CRI-O)."""
+    return k8s_clusters(request.param)
+
+
+def wanted(item) -> bool:
+    """The matrix on both containerd versions and its MIG-mixed row on CRI-O; the
+    OpenShift shapes on CRI-O; the host changes on containerd (tests/conftest.py drops
+    the rest)."""
+    engine = item.callspec.params["k8s"]
+    name = item.originalname
+    if name == "test_strategy_matrix":
+        cell = tuple(item.callspec.params[k] for k in ("mig_strategy", "list_strategy",
+                                                        "id_strategy"))  # fmt: skip
+        return engine != "crio" or cell in CRIO_CELLS
+    return (engine == "crio") == name.startswith("test_openshift")
 
 
 class PluginNode(Node):
     """The e2e test's node, with NVIDIA's plugin as its device plugin and the host's
     layout tracked across changes."""
 
-    def __init__(self, k8s, overlay: str, original: bytes, ready_after: float) -> None:
+    def __init__(self, k8s, overlay: str, original: dict, ready_after: float) -> None:
         super().__init__(k8s, overlay, original, ready_after)
         self.plugin = NvidiaPlugin(k8s)
         self.layout = ""
@@ -102,14 +140,15 @@ class PluginNode(Node):
 
 @pytest.fixture(scope="module")
 def node(k8s, tmp_path_factory):
-    """nvshim installed the documented way (overlays/containerd through the test overlay
+    """nvshim installed the documented way (the engine's overlay through the test overlay
     that sets only the environment), the host in the plugin's mixed layout."""
     k8s.import_node_image(TAG)
     overlay = tmp_path_factory.mktemp("overlay")
-    base = os.path.relpath(os.path.join(KUBE, "overlays", "containerd"), overlay)
+    engine = "crio" if k8s.engine == "crio" else "containerd"
+    base = os.path.relpath(os.path.join(KUBE, "overlays", engine), overlay)
     (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=base))
     (overlay / "environment.yaml").write_text(ENVIRONMENT)
-    original = open(k8s.path(CONTAINERD_CONFIG), "rb").read()
+    original = engine_files(k8s)
     k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}=true", "--overwrite")
     started = time.monotonic()
     k8s.kubectl("apply", "-k", str(overlay))
@@ -164,13 +203,13 @@ def test_strategy_matrix(node, mig_strategy, list_strategy, id_strategy):
     name = f"{mig_strategy}-{list_strategy}-{id_strategy}"
     containers = [container(f"c{i}", resource=r) for i, r in enumerate(resources)]
     node.pod(name, containers)
-    phase = node.done(name)
     if list_strategy == "envvar":
-        assert phase == "Failed"
+        assert_refused(node, name)
         events = node.events(name)
         assert "NVIDIA_VISIBLE_DEVICES=" in events and "not honoured" in events, events
         return
-    if list_strategy == "cdi-cri" and node.k8s.containerd_version == "1.6":
+    phase = node.done(name)
+    if list_strategy == "cdi-cri" and node.k8s.name == "1.6":
         # containerd 1.6 has no CDI: the kubelet's CDIDevices never reach the runtime
         assert phase == "Succeeded", node.events(name)
         for i, _resource in enumerate(resources):
@@ -211,3 +250,46 @@ def test_driver_upgrade_is_followed(node):
     assert "libcuda.so.550.127.05" in out and "libcuda.so.550.90.12" not in out, out
     expect_exact(node, "upgraded", "c0", "nvidia.com/gpu")
     assert re.search(r"^CVD=GPU-", out, re.M)
+
+
+# OpenShift's GPU-sharing guide: the time-slicing config as a ConfigMap (its key names the
+# node's config), handed to the device plugin as its config file (the GPU Operator's
+# ClusterPolicy devicePlugin.config)
+TIME_SLICING = """\
+version: v1
+flags:
+  migStrategy: mixed
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+def test_openshift_time_slicing_config_with_replicas(node):
+    k8s = node.k8s
+    if node.layout != "mixed":
+        node.set_host(layout("mixed"), "mixed")
+    k8s.apply({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "time-slicing-config", "namespace": node.ns},
+               "data": {"any": TIME_SLICING}})  # fmt: skip
+    config = k8s.get("configmap", "-n", node.ns, "time-slicing-config")["data"]["any"]
+    node.plugin.start(plugin_flags("volume-mounts", "uuid", "mixed"), config=config)
+    whole = [u for u, g in node.gpus.items() if g.get("mig_mode") != "enabled"]
+    deadline = time.monotonic() + 30  # the kubelet's node status catches up
+    while True:
+        offered = k8s.get("node", NODE_NAME)["status"]["allocatable"].get("nvidia.com/gpu")
+        if offered == str(4 * len(whole)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert offered == str(4 * len(whole))  # four replicas of each whole GPU
+    names = [f"ts-{n}" for n in range(3)]
+    for name in names:
+        node.pod(name, [container("c0", resource="nvidia.com/gpu")])
+    for name in names:
+        assert node.done(name) == "Succeeded", node.events(name)
+        (replica,) = allocated(k8s, node.ns, name, "c0")["nvidia.com/gpu"]
+        assert "::" in replica, replica  # a time-slicing replica of one GPU
+        expect_exact(node, name, "c0", "nvidia.com/gpu")
+    k8s.kubectl("delete", "pod", "-n", node.ns, *names, "--wait=false")

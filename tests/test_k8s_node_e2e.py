@@ -94,6 +94,17 @@ def k8s(request, k8s_clusters):
     return k8s_clusters(request.param)
 
 
+def wanted(item) -> bool:
+    """Engine-shaped tests run on their engine only (tests/conftest.py deselects the rest):
+    the AKS node shape on containerd, the ``test_crio_*`` ones on CRI-O."""
+    engine = item.callspec.params.get("k8s")
+    if item.originalname.startswith("test_aks"):
+        return engine != "crio"
+    if item.originalname.startswith("test_crio"):
+        return engine == "crio"
+    return True
+
+
 def engine_files(k8s) -> dict[str, bytes]:
     """The engine's configuration as the installer may change it: containerd's config
     file; every file under CRI-O's /etc/crio (crio.conf, crio.conf.d, the sidecars)."""
@@ -371,6 +382,40 @@ def test_kubectl_exec_sees_the_gpu(node):
     assert cvd == uuid and nodes == {node.gpu_node(uuid)}
 
 
+HOOKS_D = "/usr/share/containers/oci/hooks.d"  # CRI-O's hooks_dir (the test cluster's too)
+
+
+def test_crio_oci_hook_beside_the_runtime_class(node):
+    """A CRI-O node whose hooks.d also holds nvshim's OCI hook (as the Debian package puts
+    it there): a pod on the runtime class gets its GPU once (the hook finds the runtime's
+    work done), a pod without one gets the GPU it mounts from the hook alone."""
+    from nvshim.install import HOOK_FILE, hook_file_text
+
+    k8s = node.k8s
+    hook = k8s.path(f"{HOOKS_D}/{HOOK_FILE}")
+    os.makedirs(os.path.dirname(hook), exist_ok=True)
+    with open(hook, "w") as fh:
+        fh.write(hook_file_text("/usr/local/nvshim/bin/nvshim-hook"))
+    try:
+        time.sleep(1)  # CRI-O watches hooks.d
+        node.pod("hook-rc", [container("main", resource="nvidia.com/gpu")])
+        gpu2 = k8s.sim.topology["gpus"][2]
+        mount = {"name": "gpu", "mountPath": f"/var/run/nvidia-container-devices/{gpu2['uuid']}",
+                 "readOnly": True}  # fmt: skip
+        volumes = [{"name": "gpu", "hostPath": {"path": "/dev/null", "type": "CharDevice"}}]
+        node.pod("hook-plain", [container("main", volumeMounts=[mount])], volumes=volumes,
+                 runtimeClassName=None)  # fmt: skip
+        for name in ("hook-rc", "hook-plain"):
+            assert node.done(name) == "Succeeded", node.events(name)
+        uuid = node.plugins["nvidia.com/gpu"].allocated[-1][0]
+        nodes, cvd = node.view(node.logs("hook-rc"))
+        assert cvd == uuid and nodes == {node.gpu_node(uuid)}
+        nodes, cvd = node.view(node.logs("hook-plain"))
+        assert nodes == {f"nvidia{gpu2['minor']}"} and cvd == ""  # (a hook sets no env)
+    finally:
+        os.unlink(hook)
+
+
 def test_exporter_scraped_at_its_pod_ip(node):
     ip = node.installer_pod()["status"]["podIP"]
     code = (
@@ -574,8 +619,6 @@ def test_aks_node_shape_takes_the_default_and_gives_it_back(node, tmp_path):
     The aks overlay lands there, nvshim takes the default (NVIDIA's entry stays), such a
     pod gets exactly its GPU, and delete -k gives the node's config back byte for byte."""
     k8s = node.k8s
-    if k8s.engine != "containerd":
-        pytest.skip("AKS GPU nodes run containerd")
     config = k8s.path(CONTAINERD_CONFIG)
     first = open(config).read()
     marker = '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes]\n'

@@ -8,9 +8,10 @@ and what the installer and the docs rely on there:
 - a runtime handler added by a drop-in plus SIGHUP is NOT served by CRI-O 1.36.3 (pods fail
   with "failed to find runtime handler"); after a restart it is; a drop-in table replaces
   the whole handler; CRI-O parses every file in crio.conf.d whatever its name;
-- the OCI hook path: the crio overlay with ``CRIO_CONFIG_MODE=hook`` writes only the hook
-  file to hooks.d, CRI-O's config stays as it was, a pod without a runtime class gets
-  exactly the GPU it mounts, and the uninstall leaves nothing;
+- the OCI hook path: the openshift overlay (the crio one plus the privileged SCC's role
+  binding) with ``CRIO_CONFIG_MODE=hook`` writes only the hook file to hooks.d, CRI-O's
+  config stays as it was, a pod without a runtime class gets exactly the GPU it mounts,
+  and the uninstall leaves nothing;
 - the DRA driver on CRI-O, which reads the claims' CDI specs itself (CDI on by default).
 """
 
@@ -193,11 +194,12 @@ def _crio_files(k8s: Cluster) -> dict[str, bytes]:
 
 
 def test_oci_hook_mode_gives_pods_without_a_runtime_class_their_gpu(k8s_crio, k8s_ns, tmp_path):
-    """``CRIO_CONFIG_MODE=hook``: the installer writes the OCI hook to CRI-O's hooks.d and
-    leaves CRI-O's config (and CRI-O) alone; the hook serves pods on CRI-O's own runc."""
+    """``CRIO_CONFIG_MODE=hook`` on the openshift overlay: the installer writes the OCI
+    hook to CRI-O's hooks.d and leaves CRI-O's config (and CRI-O) alone; the hook serves
+    pods on CRI-O's own runc."""
     k8s = k8s_crio
     k8s.import_node_image()
-    base = os.path.relpath(os.path.join(KUBE, "overlays", "crio"), tmp_path)
+    base = os.path.relpath(os.path.join(KUBE, "overlays", "openshift"), tmp_path)
     (tmp_path / "kustomization.yaml").write_text(HOOK_OVERLAY.format(base=base))
     (tmp_path / "environment.yaml").write_text(HOOK_ENVIRONMENT)
     before = _crio_files(k8s)
@@ -207,6 +209,8 @@ def test_oci_hook_mode_gives_pods_without_a_runtime_class_their_gpu(k8s_crio, k8
         k8s.kubectl("apply", "-k", str(tmp_path))
         k8s.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node",
                     "--timeout=180s", timeout=240)  # fmt: skip
+        binding = k8s.get("rolebinding", "-n", "nvshim", "nvshim-node-privileged-scc")
+        assert binding["roleRef"]["name"] == "system:openshift:scc:privileged"
         hook = json.load(open(k8s.path(HOOK_FILE)))
         assert hook["hook"]["path"] == "/usr/local/nvshim/bin/nvshim-hook"
         assert hook["stages"] == ["prestart"]

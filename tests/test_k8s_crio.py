@@ -26,6 +26,7 @@ import pytest
 
 from tests.k8s import artifacts
 from tests.k8s.cluster import CRIO_DROP_INS, NODE_NAME, Cluster
+from tests.test_k8s_node_e2e import ENVIRONMENT, TEST_OVERLAY, engine_files
 
 KUBE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "packaging",
                     "kubernetes")  # fmt: skip
@@ -151,46 +152,14 @@ def test_a_new_handler_needs_a_restart_and_every_file_in_crio_conf_d_counts(k8s_
         k8s.kubectl("delete", "runtimeclass", "extra", check=False)
 
 
-HOOK_OVERLAY = """\
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-- {base}
-images:
-- name: localhost/nvshim-node
-  newTag: test
-patches:
-- path: environment.yaml
-"""
-HOOK_ENVIRONMENT = """\
-apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: nvshim-node
-  namespace: nvshim
-spec:
-  template:
-    spec:
-      containers:
-      - name: nvshim-node
-        env:
-        - name: NVIDIA_DRIVER_ROOT
-          value: /run/nvidia/driver
-        - name: NVIDIA_DEV_ROOT
-          value: /run/nvidia/driver
+# the e2e's test overlay (the environment only) plus the hook mode
+HOOK_ENVIRONMENT = (
+    ENVIRONMENT
+    + """\
         - name: CRIO_CONFIG_MODE
           value: hook
 """
-
-
-def _crio_files(k8s: Cluster) -> dict[str, bytes]:
-    top = k8s.path("/etc/crio")
-    found = {}
-    for path, _dirs, files in os.walk(top):
-        for name in files:
-            with open(os.path.join(path, name), "rb") as fh:
-                found[os.path.relpath(os.path.join(path, name), top)] = fh.read()
-    return found
+)
 
 
 def test_oci_hook_mode_gives_pods_without_a_runtime_class_their_gpu(k8s_crio, k8s_ns, tmp_path):
@@ -200,9 +169,9 @@ def test_oci_hook_mode_gives_pods_without_a_runtime_class_their_gpu(k8s_crio, k8
     k8s = k8s_crio
     k8s.import_node_image()
     base = os.path.relpath(os.path.join(KUBE, "overlays", "openshift"), tmp_path)
-    (tmp_path / "kustomization.yaml").write_text(HOOK_OVERLAY.format(base=base))
+    (tmp_path / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=base))
     (tmp_path / "environment.yaml").write_text(HOOK_ENVIRONMENT)
-    before = _crio_files(k8s)
+    before = engine_files(k8s)
     engine = k8s.engine_pid()
     k8s.kubectl("label", "node", NODE_NAME, "nvidia.com/gpu.present=true", "--overwrite")
     try:
@@ -214,7 +183,7 @@ def test_oci_hook_mode_gives_pods_without_a_runtime_class_their_gpu(k8s_crio, k8
         hook = json.load(open(k8s.path(HOOK_FILE)))
         assert hook["hook"]["path"] == "/usr/local/nvshim/bin/nvshim-hook"
         assert hook["stages"] == ["prestart"]
-        assert _crio_files(k8s) == before and k8s.engine_pid() == engine
+        assert engine_files(k8s) == before and k8s.engine_pid() == engine
         logs = k8s.kubectl("logs", "-n", "nvshim", "daemonset/nvshim-node", "-c",
                            "nvshim-node").stdout  # fmt: skip
         assert "engine configuration skipped" in logs, logs
@@ -238,7 +207,7 @@ def test_oci_hook_mode_gives_pods_without_a_runtime_class_their_gpu(k8s_crio, k8
         k8s.kubectl("delete", "-k", str(tmp_path), "--wait=true", timeout=400)
         assert not os.path.exists(k8s.path(HOOK_FILE))
         assert not os.path.lexists(k8s.path("/usr/local/nvshim"))
-        assert _crio_files(k8s) == before and k8s.engine_pid() == engine
+        assert engine_files(k8s) == before and k8s.engine_pid() == engine
     finally:
         k8s.kubectl("delete", "-k", str(tmp_path), "--ignore-not-found", "--wait=true",
                     check=False, timeout=400)  # fmt: skip

@@ -215,13 +215,11 @@ def container(name: str, command: str = SHOW, resource: str | None = None, **ext
     return body
 
 
-@pytest.fixture(scope="module")
-def node(k8s, tmp_path_factory):
-    """nvshim installed the documented way: label the node, apply the engine's overlay
-    through the test overlay, rollout status. The device plugin stand-ins registered."""
+def install(k8s, overlay, node_class: type) -> Node:
+    """Install nvshim the documented way (the node labelled, the engine's overlay applied
+    through a test overlay in the directory ``overlay`` that sets only the environment,
+    rollout status); a ``node_class`` for it, with its namespace made."""
     k8s.import_node_image(TAG)
-    k8s.tag_image(artifacts.BUSYBOX, UBUNTU)
-    overlay = tmp_path_factory.mktemp("overlay")
     base = os.path.join(KUBE, "overlays", "crio" if k8s.engine == "crio" else "containerd")
     relative = os.path.relpath(base, overlay)  # kustomize takes no absolute base
     (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=relative))
@@ -232,10 +230,18 @@ def node(k8s, tmp_path_factory):
     k8s.kubectl("apply", "-k", str(overlay))
     k8s.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node", "--timeout=180s",
                 timeout=240)  # fmt: skip
-    ready_after = time.monotonic() - started
-    state = Node(k8s, str(overlay), original, ready_after)
+    state = node_class(k8s, str(overlay), original, time.monotonic() - started)
     k8s.kubectl("create", "namespace", state.ns)
     k8s.wait_service_account(state.ns)
+    return state
+
+
+@pytest.fixture(scope="module")
+def node(k8s, tmp_path_factory):
+    """nvshim installed the documented way: label the node, apply the engine's overlay
+    through the test overlay, rollout status. The device plugin stand-ins registered."""
+    k8s.tag_image(artifacts.BUSYBOX, UBUNTU)
+    state = install(k8s, tmp_path_factory.mktemp("overlay"), Node)
     plugin_dir = os.path.join(str(k8s.workdir), "kubelet", "device-plugins")
     sim = k8s.sim.topology["gpus"]
     ids = {

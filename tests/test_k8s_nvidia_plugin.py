@@ -22,7 +22,6 @@ install per version, one plugin restart and one pod per matrix cell.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
@@ -32,17 +31,7 @@ import yaml
 from tests.k8s.artifacts import ENGINES
 from tests.k8s.cluster import NODE_NAME
 from tests.k8s.nvidia_plugin import NvidiaPlugin, allocated, change_host, layout
-from tests.test_k8s_node_e2e import (
-    ENVIRONMENT,
-    GPU_LABEL,
-    KUBE,
-    TAG,
-    TEST_OVERLAY,
-    Node,
-    assert_refused,
-    container,
-    engine_files,
-)
+from tests.test_k8s_node_e2e import GPU_LABEL, Node, assert_refused, container, install
 
 HOOK = "/usr/local/nvshim/bin/nvshim-hook"
 NVSHIM_SPEC = "/run/cdi/nvshim.yaml"
@@ -142,21 +131,7 @@ class PluginNode(Node):
 def node(k8s, tmp_path_factory):
     """nvshim installed the documented way (the engine's overlay through the test overlay
     that sets only the environment), the host in the plugin's mixed layout."""
-    k8s.import_node_image(TAG)
-    overlay = tmp_path_factory.mktemp("overlay")
-    engine = "crio" if k8s.engine == "crio" else "containerd"
-    base = os.path.relpath(os.path.join(KUBE, "overlays", engine), overlay)
-    (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=base))
-    (overlay / "environment.yaml").write_text(ENVIRONMENT)
-    original = engine_files(k8s)
-    k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}=true", "--overwrite")
-    started = time.monotonic()
-    k8s.kubectl("apply", "-k", str(overlay))
-    k8s.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node", "--timeout=180s",
-                timeout=240)  # fmt: skip
-    state = PluginNode(k8s, str(overlay), original, time.monotonic() - started)
-    k8s.kubectl("create", "namespace", state.ns)
-    k8s.wait_service_account(state.ns)
+    state = install(k8s, tmp_path_factory.mktemp("overlay"), PluginNode)
     try:
         yield state
     finally:

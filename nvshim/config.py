@@ -39,6 +39,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "fail-refused-env": True,  # a refused env request naming devices fails the container
         "accept-volume-mounts": True,
         "cdi-annotation-prefixes": ["cdi.k8s.io/"],
+        # where CDI names of other vendors are looked up (nvshim.policy.cdinames)
+        "cdi-spec-dirs": ["/etc/cdi", "/var/run/cdi"],
         "default-capabilities": "utility,compute",
         "cdi-vendor": "nvidia.com",
         "cdi-class": "gpu",

@@ -15,7 +15,7 @@ import pytest
 CACHE_DIR = os.environ["NVSHIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nvshim-test-cache-")
 
 from tests.hostguard import HostGuard  # noqa: E402
-from tests.k8s.fixtures import k8s, k8s_16, k8s_17, k8s_clusters, k8s_ns  # noqa: E402, F401
+from tests.k8s.fixtures import k8s, k8s_16, k8s_17, k8s_clusters, k8s_crio, k8s_ns  # noqa: E402, F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GUARD = HostGuard()
@@ -35,6 +35,18 @@ def _leaves_host_alone():
     new = sorted(set(_GUARD.written()) - before)
     if new:
         pytest.fail(f"the test wrote host paths: {', '.join(new)}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test module may narrow its own parametrization matrix (fewer cells on one engine):
+    its ``wanted(item)`` says which items run; the others are deselected, not skipped."""
+    kept, dropped = [], []
+    for item in items:
+        wanted = getattr(getattr(item, "module", None), "wanted", None)
+        (kept if wanted is None or wanted(item) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -10,13 +10,14 @@ for spec in gcc:gcc ldconfig:libc-bin runc:runc podman:podman containerd:contain
             busybox:busybox-static ip:iproute2 unshare:util-linux mmdebstrap:mmdebstrap \
             lintian:lintian dh:debhelper dpkg-buildpackage:dpkg-dev fakeroot:fakeroot \
             patchelf:patchelf systemd-analyze:systemd kubectl:kubectl etcd:etcd-server \
-            openssl:openssl nsenter:util-linux iptables:iptables; do
+            openssl:openssl nsenter:util-linux iptables:iptables conmon:conmon; do
     cmd=${spec%%:*}; pkg=${spec#*:}
     command -v "$cmd" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "$cmd" >/dev/null 2>&1 \
         || need_pkgs+=("$pkg")
 done
 [ -e /usr/include/stdio.h ] || need_pkgs+=(libc6-dev)
-# the test cluster's pod network (tests/k8s): bridge + host-local
+# the test cluster's pod network (tests/k8s): bridge + host-local; CRI-O's libraries
+[ -e /usr/lib/x86_64-linux-gnu/libsqlite3.so.0 ] || need_pkgs+=(libsqlite3-0)
 [ -x /usr/lib/cni/bridge ] || need_pkgs+=(containernetworking-plugins)
 /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3 python3-venv)
 if [ ${#need_pkgs[@]} -gt 0 ]; then

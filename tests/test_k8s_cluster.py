@@ -13,6 +13,8 @@ import signal
 import stat
 import time
 
+import pytest
+
 from tests.k8s import artifacts
 from tests.k8s.cluster import (
     CONTAINERD_CONFIG,
@@ -222,16 +224,23 @@ def _host_view(paths: list[str]) -> dict[str, object]:
     return {p: sorted(os.listdir(p)) if os.path.isdir(p) else None for p in paths}
 
 
-def test_teardown_leaves_nothing(request):
-    """A cluster of its own (1.7 without a sim host, 1.6 is torn down by the session)
-    with a running pod on the pod network and a hostPath write, then stopped."""
+@pytest.mark.parametrize("engine", ["1.7", "crio"])
+def test_teardown_leaves_nothing(engine):
+    """A cluster of its own (containerd 1.7 or CRI-O, without a sim host; 1.6 is torn down
+    by the session) with a running pod on the pod network and a hostPath write, then
+    stopped."""
     # where the kubelet, containerd and the CNI plugins write by default (not /run or
     # /var/lib as a whole: other processes on the machine change those meanwhile)
     watched = ["/etc/containerd", "/etc/cni/net.d", "/var/lib/cni", "/var/lib/kubelet",
                "/var/log/pods", "/var/log/containers", "/opt/cni", "/opt/containerd",
-               "/run/nvidia", "/usr/local/bin"]  # fmt: skip
+               "/run/nvidia", "/usr/local/bin", "/etc/crio", "/etc/containers",
+               "/var/lib/containers", "/var/lib/crio", "/var/log/crio", "/run/crio",
+               "/usr/share/containers", "/usr/bin"]  # fmt: skip
     before = _host_view(watched)
-    cluster = Cluster(containerd="1.7", sim=None)
+    if engine == "crio":
+        cluster = Cluster(engine="crio", sim=None)
+    else:
+        cluster = Cluster(containerd=engine, sim=None)
     cluster.start()
     try:
         workdir, cgroup = str(cluster.workdir), cluster.cgroup_root

@@ -1,9 +1,9 @@
 """The documented Kubernetes steps, run literally on a real one-node cluster
-(tests/k8s/cluster.py: kubelet, API server, containerd 1.6 and 1.7) whose driver root is
-the simulated 8 x H100 host (GPUs 6 and 7 in MIG mode), issue 23:
+(tests/k8s/cluster.py: kubelet, API server, containerd 1.6 and 1.7, CRI-O 1.36) whose
+driver root is the simulated 8 x H100 host (GPUs 6 and 7 in MIG mode), issues 23 and 31:
 
-apply the containerd overlay plus only a test overlay for the environment (the simulated
-driver root, the image tag), ``rollout status``, the documented smoke pod; the device
+apply the engine's overlay (containerd, crio) plus only a test overlay for the environment
+(the simulated driver root, the image tag), ``rollout status``, the documented smoke pod; the device
 plugin's request forms (tests/fake_device_plugin.py answers Allocate as NVIDIA's plugin
 does: volume-mounts, cdi-annotations, envvar), each getting exactly its GPU or MIG device,
 or refused with the reason in the pod's events; a GPU init container and two GPU
@@ -11,9 +11,13 @@ containers in one pod; ``kubectl exec``; a read-only root; the exporter scraped 
 pod IP; a rolling update to a second image tag with a GPU pod running; kill -9 of the
 installer; ``kubectl delete -k`` (the engine config byte for byte, the uninstall's lines
 in ``kubectl logs``, a running GPU pod still exec-able and deletable, then nothing left).
+On CRI-O: the drop-in and nothing else in ``crio.conf.d``, CRI-O restarted (a SIGHUP does
+not apply handler changes) and the log saying why, and an uninstall that leaves CRI-O
+running while containers of nvshim's handler remain (they stay manageable through the
+pass-through, which goes with the last of them).
 
-One cluster per containerd version, one install, many assertions per pod: the tests of
-this module run in order and share the install.
+One cluster per engine, one install, many assertions per pod: the tests of this module run
+in order and share the install.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import yaml
 from tests.conftest import REPO
 from tests.fake_device_plugin import Plugin
 from tests.k8s import artifacts
-from tests.k8s.cluster import CONTAINERD_CONFIG, DRIVER_ROOT, NODE_NAME
+from tests.k8s.cluster import CONTAINERD_CONFIG, CRIO_DROP_INS, DRIVER_ROOT, NODE_NAME
 from tests.test_node_lifecycle import SHARING
 
 KUBE = os.path.join(REPO, "packaging", "kubernetes")
@@ -80,10 +84,66 @@ spec:
 """
 
 
+CRIO_DROP_IN = f"{CRIO_DROP_INS}/99-nvshim.toml"  # the crio overlay's RUNTIME_CONFIG
+
+
+@pytest.fixture(scope="session", params=artifacts.ENGINES,
+                ids=lambda v: v if v == "crio" else f"ctd{v}")  # fmt: skip
+def k8s(request, k8s_clusters):
+    """The shared cluster of each engine (containerd 1.6, 1.7, CRI-O)."""
+    return k8s_clusters(request.param)
+
+
+def wanted(item) -> bool:
+    """Engine-shaped tests run on their engine only (tests/conftest.py deselects the rest):
+    the AKS node shape on containerd, the ``test_crio_*`` ones on CRI-O."""
+    engine = item.callspec.params.get("k8s")
+    if item.originalname.startswith("test_aks"):
+        return engine != "crio"
+    if item.originalname.startswith("test_crio"):
+        return engine == "crio"
+    return True
+
+
+def engine_files(k8s) -> dict[str, bytes]:
+    """The engine's configuration as the installer may change it: containerd's config
+    file; every file under CRI-O's /etc/crio (crio.conf, crio.conf.d, the sidecars)."""
+    if k8s.engine == "containerd":
+        return {CONTAINERD_CONFIG: open(k8s.path(CONTAINERD_CONFIG), "rb").read()}
+    top = k8s.path("/etc/crio")
+    found = {}
+    for path, _dirs, files in os.walk(top):
+        for name in files:
+            with open(os.path.join(path, name), "rb") as fh:
+                found[os.path.relpath(os.path.join(path, name), top)] = fh.read()
+    return found
+
+
+def assert_registered(k8s) -> None:
+    """nvshim's runtime is in the engine's config (CRI-O: its drop-in, alone there)."""
+    if k8s.engine == "containerd":
+        config = open(k8s.path(CONTAINERD_CONFIG)).read()
+        assert 'BinaryName = "/usr/local/nvshim/bin/nvshim-runtime"' in config
+        assert "cdi.k8s.io/*" in config
+        return
+    import tomllib
+
+    # CRI-O parses every file in crio.conf.d: no backup or record may sit there
+    assert os.listdir(k8s.path(CRIO_DROP_INS)) == ["99-nvshim.toml"]
+    table = tomllib.loads(open(k8s.path(CRIO_DROP_IN)).read())["crio"]["runtime"]
+    handler = table["runtimes"]["nvshim"]
+    # a drop-in table replaces the whole handler: every key of runc's is there
+    assert handler["runtime_path"] == "/usr/local/nvshim/bin/nvshim-runtime"
+    assert handler["runtime_type"] == "oci"
+    assert handler["monitor_path"] == "/usr/bin/conmon"
+    assert handler["runtime_root"] == "/run/nvshim-runc"  # nvshim's containers, apart
+    assert "default_runtime" not in table
+
+
 class Node:
     """The cluster with nvshim installed by the test overlay, and what the tests share."""
 
-    def __init__(self, k8s, overlay: str, original: bytes, ready_after: float) -> None:
+    def __init__(self, k8s, overlay: str, original: dict, ready_after: float) -> None:
         self.k8s = k8s
         self.overlay = overlay
         self.original = original
@@ -155,28 +215,33 @@ def container(name: str, command: str = SHOW, resource: str | None = None, **ext
     return body
 
 
-@pytest.fixture(scope="module")
-def node(k8s, tmp_path_factory):
-    """nvshim installed the documented way: label the node, apply the containerd overlay
-    through the test overlay, rollout status. The device plugin stand-ins registered."""
+def install(k8s, overlay, node_class: type) -> Node:
+    """Install nvshim the documented way (the node labelled, the engine's overlay applied
+    through a test overlay in the directory ``overlay`` that sets only the environment,
+    rollout status); a ``node_class`` for it, with its namespace made."""
     k8s.import_node_image(TAG)
-    tagged = k8s.ctr("images", "tag", "--force", artifacts.BUSYBOX, UBUNTU)
-    assert tagged.returncode == 0, tagged.stderr
-    overlay = tmp_path_factory.mktemp("overlay")
-    base = os.path.join(KUBE, "overlays", "containerd")
+    base = os.path.join(KUBE, "overlays", "crio" if k8s.engine == "crio" else "containerd")
     relative = os.path.relpath(base, overlay)  # kustomize takes no absolute base
     (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=relative))
     (overlay / "environment.yaml").write_text(ENVIRONMENT)
-    original = open(k8s.path(CONTAINERD_CONFIG), "rb").read()
+    original = engine_files(k8s)
     k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}=true", "--overwrite")
     started = time.monotonic()
     k8s.kubectl("apply", "-k", str(overlay))
     k8s.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node", "--timeout=180s",
                 timeout=240)  # fmt: skip
-    ready_after = time.monotonic() - started
-    state = Node(k8s, str(overlay), original, ready_after)
+    state = node_class(k8s, str(overlay), original, time.monotonic() - started)
     k8s.kubectl("create", "namespace", state.ns)
     k8s.wait_service_account(state.ns)
+    return state
+
+
+@pytest.fixture(scope="module")
+def node(k8s, tmp_path_factory):
+    """nvshim installed the documented way: label the node, apply the engine's overlay
+    through the test overlay, rollout status. The device plugin stand-ins registered."""
+    k8s.tag_image(artifacts.BUSYBOX, UBUNTU)
+    state = install(k8s, tmp_path_factory.mktemp("overlay"), Node)
     plugin_dir = os.path.join(str(k8s.workdir), "kubelet", "device-plugins")
     sim = k8s.sim.topology["gpus"]
     ids = {
@@ -207,9 +272,7 @@ def node(k8s, tmp_path_factory):
 
 def test_installed_on_the_node(node):
     k8s = node.k8s
-    config = open(k8s.path(CONTAINERD_CONFIG)).read()
-    assert 'BinaryName = "/usr/local/nvshim/bin/nvshim-runtime"' in config
-    assert "cdi.k8s.io/*" in config
+    assert_registered(k8s)
     # the CDI spec went to the node's /var/run/cdi (a link to /run there)
     spec = yaml.safe_load(open(k8s.path("/run/cdi/nvshim.yaml")))
     whole = {u for u, g in node.gpus.items() if g.get("mig_mode") != "enabled"}
@@ -250,11 +313,33 @@ def test_device_plugin_forms_get_exactly_their_device(node, resource):
         assert any(n.startswith("nvidia-caps/") for n in nodes), nodes
 
 
+def assert_refused(node, name: str) -> None:
+    """Pod ``name``'s container never started: containerd fails the pod; CRI-O's failed
+    create is CreateContainerError, retried, the pod stays Pending (deleted here once its
+    events say why)."""
+    if node.k8s.engine != "crio":
+        assert node.done(name) == "Failed"
+        return
+    deadline = time.monotonic() + 60
+    while True:
+        pod = node.k8s.get("pod", "-n", node.ns, name)
+        reasons = [c["state"].get("waiting", {}).get("reason")
+                   for c in pod["status"].get("containerStatuses", [])]  # fmt: skip
+        if "CreateContainerError" in reasons and "not honoured" in node.events(name):
+            break
+        assert time.monotonic() < deadline, (reasons, node.events(name))
+        time.sleep(0.5)
+    assert pod["status"]["phase"] == "Pending"
+    # (the kubelet creates a pod's containers in turn: those after the refused one wait)
+    assert set(reasons) <= {"CreateContainerError", "ContainerCreating"}, reasons
+    node.kubectl("delete", "pod", "-n", node.ns, name)
+
+
 def test_env_request_is_refused_with_the_reason_at_the_pod(node):
     """The device plugin's default envvar strategy from an unprivileged pod: the pod
     fails to start and says why, never runs without its GPU."""
     node.pod("dp-env", [container("main", resource="nvshim.test/gpu-env")])
-    assert node.done("dp-env") == "Failed"
+    assert_refused(node, "dp-env")
     events = node.events("dp-env")
     assert "NVIDIA_VISIBLE_DEVICES=" in events and "not honoured" in events, events
     assert "volume-mounts" in events
@@ -301,6 +386,40 @@ def test_kubectl_exec_sees_the_gpu(node):
     uuid = running_gpu_pod(node, "long-1")
     nodes, cvd = exec_view(node, "long-1")
     assert cvd == uuid and nodes == {node.gpu_node(uuid)}
+
+
+HOOKS_D = "/usr/share/containers/oci/hooks.d"  # CRI-O's hooks_dir (the test cluster's too)
+
+
+def test_crio_oci_hook_beside_the_runtime_class(node):
+    """A CRI-O node whose hooks.d also holds nvshim's OCI hook (as the Debian package puts
+    it there): a pod on the runtime class gets its GPU once (the hook finds the runtime's
+    work done), a pod without one gets the GPU it mounts from the hook alone."""
+    from nvshim.install import HOOK_FILE, hook_file_text
+
+    k8s = node.k8s
+    hook = k8s.path(f"{HOOKS_D}/{HOOK_FILE}")
+    os.makedirs(os.path.dirname(hook), exist_ok=True)
+    with open(hook, "w") as fh:
+        fh.write(hook_file_text("/usr/local/nvshim/bin/nvshim-hook"))
+    try:
+        time.sleep(1)  # CRI-O watches hooks.d
+        node.pod("hook-rc", [container("main", resource="nvidia.com/gpu")])
+        gpu2 = k8s.sim.topology["gpus"][2]
+        mount = {"name": "gpu", "mountPath": f"/var/run/nvidia-container-devices/{gpu2['uuid']}",
+                 "readOnly": True}  # fmt: skip
+        volumes = [{"name": "gpu", "hostPath": {"path": "/dev/null", "type": "CharDevice"}}]
+        node.pod("hook-plain", [container("main", volumeMounts=[mount])], volumes=volumes,
+                 runtimeClassName=None)  # fmt: skip
+        for name in ("hook-rc", "hook-plain"):
+            assert node.done(name) == "Succeeded", node.events(name)
+        uuid = node.plugins["nvidia.com/gpu"].allocated[-1][0]
+        nodes, cvd = node.view(node.logs("hook-rc"))
+        assert cvd == uuid and nodes == {node.gpu_node(uuid)}
+        nodes, cvd = node.view(node.logs("hook-plain"))
+        assert nodes == {f"nvidia{gpu2['minor']}"} and cvd == ""  # (a hook sets no env)
+    finally:
+        os.unlink(hook)
 
 
 def test_exporter_scraped_at_its_pod_ip(node):
@@ -435,8 +554,7 @@ def test_kill_9_of_the_installer_converges(node):
             break
         assert time.monotonic() < deadline, pod["status"]
         time.sleep(0.5)
-    config = open(node.k8s.path(CONTAINERD_CONFIG)).read()
-    assert 'BinaryName = "/usr/local/nvshim/bin/nvshim-runtime"' in config
+    assert_registered(node.k8s)
     node.pod("after-kill", [container("main", resource="nvidia.com/gpu")])
     assert node.done("after-kill") == "Succeeded", node.events("after-kill")
 
@@ -457,12 +575,18 @@ def test_delete_k_restores_and_leaves_running_pods_manageable(node):
     except subprocess.TimeoutExpired:
         follow.kill()
         streamed, _ = follow.communicate()
-    # the engine config, byte for byte
-    assert open(k8s.path(CONTAINERD_CONFIG), "rb").read() == node.original
+    # the engine config, byte for byte (CRI-O: /etc/crio, every file)
+    assert engine_files(k8s) == node.original
     # the uninstall's lines reached kubectl logs (the engine restart comes last)
     assert "SIGTERM received: uninstalling" in streamed, streamed
-    assert "restored the original" in streamed, streamed
-    assert "restarting containerd" in streamed, streamed
+    if k8s.engine == "crio":
+        assert "removed" in streamed and CRIO_DROP_IN in streamed, streamed
+        # GPU pods remain: a restart would leave CRI-O unable to manage them
+        assert "not restarting crio: " in streamed, streamed
+        assert "failed to find runtime handler" in streamed, streamed
+    else:
+        assert "restored the original" in streamed, streamed
+        assert "restarting containerd" in streamed, streamed
     # running GPU pods stay manageable: exec, then delete
     assert os.readlink(k8s.path("/usr/local/nvshim")) == "nvshim-versions/pass-through"
     # (through the pass-through: the devices are there; nvshim's exec additions are not)
@@ -475,8 +599,8 @@ def test_delete_k_restores_and_leaves_running_pods_manageable(node):
     node.kubectl("delete", "pods", "--all", "-n", node.ns, timeout=120)
     # nothing left, once the kubelet has stopped the last sandbox (after the API object)
     paths = ("/usr/local/nvshim", "/usr/local/nvshim-versions", "/etc/nvshim", "/run/nvshim",
-             "/run/cdi/nvshim.yaml")  # fmt: skip
-    deadline = time.monotonic() + 60
+             "/run/cdi/nvshim.yaml", "/run/nvshim-runc")  # fmt: skip
+    deadline = time.monotonic() + 120  # (CRI-O: the kubelet's container GC removes them)
     while any(os.path.lexists(k8s.path(p)) for p in paths) and time.monotonic() < deadline:
         time.sleep(0.5)
     left = {p: os.listdir(k8s.path(p)) if os.path.isdir(k8s.path(p)) else "file"

@@ -53,7 +53,7 @@ def by_kind(docs: list[dict], kind: str) -> dict:
 
 
 def test_overlays_exist():
-    assert {"containerd", "crio", "k3s", "rke2", "aks", "eks", "gke"} <= set(OVERLAYS)
+    assert {"containerd", "crio", "k3s", "rke2", "aks", "eks", "gke", "openshift"} <= set(OVERLAYS)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -61,14 +61,17 @@ def test_overlays_exist():
 def test_overlay_renders_and_validates(overlay, version):
     docs = render(overlay)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == [
+    # OpenShift: the installer's service account may use the privileged SCC
+    scc = ["RoleBinding"] if overlay == "openshift" else []
+    assert kinds == sorted([
         "ConfigMap",
         "ConfigMap",
         "DaemonSet",
         "Namespace",
         "RuntimeClass",
         "ServiceAccount",
-    ]
+        *scc,
+    ])  # fmt: skip
     for doc in docs:
         kubernetes_validate.validate(doc, version, strict=True)
 

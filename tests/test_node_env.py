@@ -196,6 +196,30 @@ def test_crio_config_mode_edits_the_drop_in(scratch):
     assert drop_in["crio"]["runtime"]["runtimes"]["nvshim"]["runtime_path"] == (
         "/usr/local/nvshim/bin/nvshim-runtime"
     )
+    # not the default runtime (the manifests' setting): its runc state apart, so the
+    # uninstall tells nvshim's containers by it; nothing else in crio.conf.d
+    installed(scratch, RUNTIME="crio", NVIDIA_RUNTIME_SET_AS_DEFAULT="false")
+    drop_in = toml(scratch.path("/etc/crio/crio.conf.d/99-nvshim.toml"))
+    assert drop_in["crio"]["runtime"]["runtimes"]["nvshim"]["runtime_root"] == "/run/nvshim-runc"
+    assert os.listdir(scratch.path("/etc/crio/crio.conf.d")) == ["99-nvshim.toml"]
+
+
+MINE = '{"runtime_root": "/run/mine"}'
+
+
+@pytest.mark.parametrize(
+    "env, root",
+    [
+        ({"NVIDIA_RUNTIME_SET_AS_DEFAULT": "false"}, "/run/nvshim-runc"),
+        ({"NVIDIA_RUNTIME_SET_AS_DEFAULT": "true"}, None),  # default pods keep runc's
+        ({"NVIDIA_RUNTIME_SET_AS_DEFAULT": "false", "RUNTIME_CONFIG_OVERRIDE": MINE}, None),
+    ],
+)
+def test_crio_handler_runc_root_of_its_own(tmp_path, env, root):
+    s = resolve_node({}, {"RUNTIME": "crio", "HOST_ROOT_MOUNT": str(tmp_path), **env})
+    assert s.crio_runtime_root == root
+    mine = "/run/mine" if "RUNTIME_CONFIG_OVERRIDE" in env else None
+    assert s.engine.override.get("runtime_root") == (root or mine)
 
 
 FAKE_ENGINE = r"""

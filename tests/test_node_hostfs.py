@@ -265,6 +265,54 @@ def test_uninstall_leaves_a_pass_through_while_a_shim_names_the_runtime(tmp_path
     assert not scratch.path("/usr/local/nvshim-versions").exists()
 
 
+def test_uninstall_on_crio_keeps_the_pass_through_while_its_handler_has_containers(tmp_path):
+    """CRI-O has no shim: CRI-O calls the handler's runtime for exec, kill and delete, and
+    a restarted CRI-O cannot manage a container whose handler is gone. The containers of
+    nvshim's handler are those in its own runc root: while one is there the uninstall
+    leaves CRI-O unrestarted and the pass-through in place; the delete (as CRI-O calls it)
+    that empties the root removes the pass-through."""
+    scratch = Scratch(tmp_path)
+    before = scratch.snapshot()
+    env = scratch.env(RUNTIME="crio", NVIDIA_RUNTIME_SET_AS_DEFAULT="false")
+    done = nvshim_node("install", env=env)
+    assert done.returncode == 0, done.stderr
+    assert (
+        'runtime_root = "/run/nvshim-runc"'
+        in scratch.path("/etc/crio/crio.conf.d/99-nvshim.toml").read_text()
+    )
+    state = scratch.path("/run/nvshim-runc")
+    (state / "ctr-1").mkdir(parents=True)  # what runc keeps for a container of the handler
+    done = nvshim_node("uninstall", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "not restarting crio: 1 container(s) of handler 'nvshim'" in done.stderr
+    assert "failed to find runtime handler" in done.stderr
+    link = scratch.path("/usr/local/nvshim")
+    assert os.readlink(link) == "nvshim-versions/pass-through"
+    assert [f for _d, _s, f in os.walk(scratch.path("/etc/crio")) if f] == []  # drop-in gone
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "runc").write_text(
+        "#!/bin/sh\n"
+        "for a; do case $a in --root=*) root=${a#--root=} ;; esac; done\n"
+        "for a; do :; done\n"
+        'case " $* " in *" delete "*) rm -rf "$root/$a" ;; esac\n'
+    )
+    (fake / "runc").chmod(0o755)
+    binds = {str(scratch.path("/usr/local")): "/usr/local", str(state): "/run/nvshim-runc"}
+    path = {"PATH": f"{fake}:/usr/bin:/bin"}
+
+    def crio_call(*args: str):  # CRI-O: the handler's runtime_root as --root=
+        return private_run([RUNTIME, "--root=/run/nvshim-runc", *args], path, binds)
+
+    assert crio_call("state", "ctr-1").returncode == 0
+    assert link.is_symlink() and (state / "ctr-1").is_dir()
+    assert crio_call("delete", "--force", "ctr-1").returncode == 0
+    assert not os.path.lexists(link)
+    assert not scratch.path("/usr/local/nvshim-versions").exists()
+    state.rmdir()  # (a bind mount point in there: the script's rmdir of it failed quietly)
+    assert files_of(scratch.snapshot()) == files_of(before)
+
+
 def test_uninstall_lines_come_before_the_engine_restart(tmp_path):
     """The uninstall's lines come before the engine restart (the pod log sees them)."""
     scratch = Scratch(tmp_path)

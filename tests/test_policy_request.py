@@ -357,12 +357,60 @@ def test_cdi_annotations(annotations, kind, ids):
 
 
 @pytest.mark.parametrize(
+    "value,names",
+    [
+        ("amd.com/gpu=0", ("amd.com/gpu=0",)),
+        ("nvidia.com/nic=0", ("nvidia.com/nic=0",)),  # another class
+        (
+            "k8s.device-plugin.nvidia.com/gpu=GPU-1, k8s.device-plugin.nvidia.com/gpu=GPU-1",
+            ("k8s.device-plugin.nvidia.com/gpu=GPU-1",),
+        ),
+    ],
+)
+def test_cdi_names_of_other_vendors_are_requests(value, names):
+    """Issue 27: a CDI name of any vendor is a request (resolved later from the spec
+    directories, nvshim.policy.cdinames), never dropped."""
+    spec = spec_with([], UNPRIV)
+    spec["annotations"] = {"cdi.k8s.io/nvidia-device-plugin_GPU-1": value}
+    request = request_from_spec(spec, POLICY)
+    assert (request.source, request.devices.kind, request.devices.ids) == ("cdi", "list", ())
+    assert request.cdi_names == names
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["nvidia.com/gpu", "nvidia.com/gpu=", "acme/x=../../etc", "=0", "a/b=c d", "x/y=0,"],
+)
+def test_annotation_that_is_not_a_cdi_name_is_refused(value):
+    spec = spec_with([], UNPRIV)
+    spec["annotations"] = {"cdi.k8s.io/a": value}
+    with pytest.raises(RequestError, match="CDI device"):
+        request_from_spec(spec, POLICY)
+
+
+def test_engine_injected_gpu_nodes_are_a_request_unless_privileged():
+    """GPU and MIG capability nodes the engine put in linux.devices (its own CDI, device
+    specs) are what the container asks for; a privileged container's list holds every
+    node of the host, so it says nothing."""
+    spec = spec_with(["NVIDIA_VISIBLE_DEVICES=void"], UNPRIV)
+    spec["linux"] = {"devices": [
+        {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3},
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
+        {"path": "/dev/nvidia-caps/nvidia-cap21", "type": "c", "major": 240, "minor": 21},
+        {"path": "/dev/nvidia3x", "type": "c"},
+        "junk",
+    ]}  # fmt: skip
+    request = request_from_spec(spec, POLICY)
+    assert request.source == "engine"
+    assert request.device_nodes == ("/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap21")
+    spec["process"]["capabilities"] = {"bounding": ["CAP_SYS_ADMIN"]}
+    assert request_from_spec(spec, POLICY) is None
+
+
+@pytest.mark.parametrize(
     "annotations",
     [
-        {"cdi.k8s.io/a": "amd.com/gpu=0"},
         {"other.io/a": "nvidia.com/gpu=0"},  # not a CDI prefix
-        {"cdi.k8s.io/a": "nvidia.com/nic=0"},  # another class
-        {"cdi.k8s.io/a": "nvidia.com/gpu"},  # no '=': not a device name
         {"cdi.k8s.io/a": 5},  # wrong value type
         {"cdi.k8s.io/a": ["nvidia.com/gpu=0"]},
         "nvidia.com/gpu=0",  # annotations not an object
@@ -381,7 +429,7 @@ def test_annotations_that_are_not_ours_fall_through(annotations):
     "value, shown",
     [
         ("nvidia.com/gpu=../../etc", "../../etc"),
-        ("nvidia.com/gpu=", "empty device name"),
+        ("nvidia.com/gpu=", "must have the form vendor/class=name"),
         ("nvidia.com/gpu=0,nvidia.com/gpu=/x", "/x"),
         ("nvidia.com/gpu=void", "'void' is not a device name"),
         ("nvidia.com/gpu=none", "'none' is not a device name"),

@@ -20,6 +20,10 @@ from nvshim.errors import NvshimError
 
 RUNTIME = ("crio", "runtime")
 BUILTIN_DEFAULTS = ("crun", "runc")
+# The node installer's handler keeps its containers' runtime state here (``runtime_root``),
+# apart from the default runtime's: a container is nvshim's exactly when it is listed here,
+# which the uninstall's pass-through needs (CRI-O keeps no bundle naming the runtime binary).
+OWN_RUNTIME_ROOT = "/run/nvshim-runc"
 
 
 def load(path: str, text: str) -> Document:

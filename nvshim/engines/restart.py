@@ -22,7 +22,14 @@ from nvshim.trusted import peer_credentials
 ON_SIGHUP = {
     "containerd": "containerd exits on SIGHUP; its service manager starts it again",
     "docker": "dockerd reloads daemon.json on SIGHUP",
-    "crio": "CRI-O reloads its configuration on SIGHUP",
+    "crio": (
+        "CRI-O reloads its configuration on SIGHUP, but does not apply runtime handler or"
+        " default_runtime changes until it restarts (1.36, cri-o#10202): restart crio"
+    ),
+}
+# Why an engine is restarted rather than reloaded (said with the restart).
+WHY_RESTART = {
+    "crio": "CRI-O applies runtime handler changes only on a restart, not on a SIGHUP reload",
 }
 
 
@@ -114,7 +121,8 @@ def systemd_restart(s: Settings) -> str:
             f"systemctl restart {s.unit} failed: {why}"
             f" (the configuration is written; restart {s.unit} yourself)"
         )
-    return f"restarted {s.unit} with systemctl"
+    why = f" ({WHY_RESTART[s.engine]})" if s.engine in WHY_RESTART else ""
+    return f"restarted {s.unit} with systemctl{why}"
 
 
 def restart(s: Settings) -> str:

@@ -151,6 +151,17 @@ class NodeSettings:
         return os.path.join(self.bin_dir, "nvshim-hook")
 
     @property
+    def crio_runtime_root(self) -> str | None:
+        """Host path of the runc state directory of nvshim's own CRI-O handler (every
+        container there was created through nvshim), or None."""
+        if self.engine is None or self.engine.engine != "crio" or self.engine.set_as_default:
+            return None
+        from nvshim.engines.crio import OWN_RUNTIME_ROOT
+
+        root = self.engine.override.get("runtime_root")
+        return root if root == OWN_RUNTIME_ROOT else None
+
+    @property
     def cdi_spec(self) -> str:
         """Host path of the CDI spec the installer writes."""
         return os.path.join(self.cdi_output_dir, CDI_SPEC_NAME)
@@ -246,6 +257,14 @@ def _engine_settings(
         socket = _path(found[0], found[1], host_root)
     from nvshim import record as records
 
+    if engine == "crio" and not settings.set_as_default and "runtime_root" not in settings.override:
+        # its own runc state directory (nvshim.engines.crio.OWN_RUNTIME_ROOT): the uninstall
+        # tells nvshim's containers from the others by it (not as the default runtime:
+        # pods without a runtime class must keep their state where runc's handler looks)
+        from nvshim.engines.crio import OWN_RUNTIME_ROOT
+
+        override = {**settings.override, "runtime_root": OWN_RUNTIME_ROOT}
+        settings = records.replace(settings, runtime_config_override=json.dumps(override))
     return records.replace(
         settings,
         config=in_root(host_root, config or DEFAULT_CONFIG[engine]),

@@ -11,6 +11,14 @@ to the low-level runtime, and after a delete it looks at containerd's task direc
 while the runtime still keeps its state, it removes the script, its tree and the prefix
 link, with the exec markers the uninstall kept for those containers (of two last
 deletes at once, the later one always sees the other gone). The next install replaces it.
+
+CRI-O has no shim: CRI-O itself (and conmon, for execs) calls the runtime of the
+container's handler, and it keeps the handler it read at start until it restarts (1.36: a
+SIGHUP does not drop it), so after an uninstall that does not restart it, its calls for
+nvshim's containers reach the pass-through. nvshim's CRI-O handler keeps its runc state
+in a directory of its own (``runtime_root``, :data:`nvshim.engines.crio.OWN_RUNTIME_ROOT`):
+the containers listed there, running or exited, are nvshim's; the ``delete`` that empties
+it removes the pass-through.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ _SCRIPT = """#!/bin/sh
 # call goes to the low-level runtime; the delete of the last such container removes
 # this script, its tree and the prefix link.
 self={self}
+crio_root={crio_root}
 link={link}
 target={target}
 tree={tree}
@@ -57,19 +66,26 @@ for arg; do
     case $arg in --root=*) root=${{arg#--root=}} ;; esac
     prev=$arg
 done
-# (only a shim of ours decides: its working directory is a bundle naming this path)
-[ "$(cat "/proc/$PPID/cwd/runtime" 2>/dev/null)" = "$self" ] || exit $rc
-tasks=$(readlink "/proc/$PPID/cwd") || exit $rc
-tasks=${{tasks%/*}}
-tasks=${{tasks%/*}}
-[ -n "$tasks" ] || exit $rc
-for bundle in "$tasks"/*/*; do
-    [ "$(cat "$bundle/runtime" 2>/dev/null)" = "$self" ] || continue
-    [ -d "$root/${{bundle##*/}}" ] && exit $rc
-done
+if [ -n "$crio_root" ] && [ "$root" = "$crio_root" ]; then
+    # CRI-O: nvshim's handler's own state directory lists every container still ours
+    for state in "$root"/*; do
+        [ -e "$state" ] && exit $rc
+    done
+else
+    # (only a shim of ours decides: its working directory is a bundle naming this path)
+    [ "$(cat "/proc/$PPID/cwd/runtime" 2>/dev/null)" = "$self" ] || exit $rc
+    tasks=$(readlink "/proc/$PPID/cwd") || exit $rc
+    tasks=${{tasks%/*}}
+    tasks=${{tasks%/*}}
+    [ -n "$tasks" ] || exit $rc
+    for bundle in "$tasks"/*/*; do
+        [ "$(cat "$bundle/runtime" 2>/dev/null)" = "$self" ] || continue
+        [ -d "$root/${{bundle##*/}}" ] && exit $rc
+    done
+fi
 [ "$(readlink "$link")" = "$target" ] && rm -f "$link"
 rm -rf "$tree" {markers}
-rmdir "${{tree%/*}}" {cache} 2>/dev/null
+rmdir "${{tree%/*}}" {cache} $crio_root 2>/dev/null
 exit $rc
 """
 
@@ -94,6 +110,23 @@ def shim_users(runtime_path: str) -> list[str]:
     return sorted(found)
 
 
+def crio_users(s: NodeSettings) -> list[str]:
+    """Containers (ids) of nvshim's own CRI-O handler that runc still keeps, running or
+    exited: CRI-O calls the handler's runtime for their exec, kill and delete."""
+    if s.crio_runtime_root is None:
+        return []
+    try:
+        return sorted(os.listdir(s.here(s.crio_runtime_root)))
+    except OSError:
+        return []
+
+
+def users(s: NodeSettings) -> list[str]:
+    """Containers that still call nvshim's runtime: containerd shims' bundles, CRI-O
+    containers of nvshim's handler."""
+    return shim_users(s.runtime_path) + crio_users(s)
+
+
 def script_text(s: NodeSettings, runtimes: list[str]) -> str:
     """The pass-through script for this install's paths (host paths)."""
     from nvshim.install import versions_dir
@@ -104,6 +137,7 @@ def script_text(s: NodeSettings, runtimes: list[str]) -> str:
     quoted = [shlex.quote(r) for r in runtimes]
     return _SCRIPT.format(
         self=shlex.quote(s.runtime_path),
+        crio_root=shlex.quote(s.crio_runtime_root or ""),
         link=shlex.quote(s.prefix),
         target=shlex.quote(os.path.relpath(tree, os.path.dirname(s.prefix))),
         tree=shlex.quote(tree),
@@ -131,12 +165,12 @@ def settle(s: NodeSettings, say: Callable[[str], None]) -> list[str]:
     the pass-through goes now (prefix link and tree); returns the paths removed."""
     from nvshim.install import prune_versions
 
-    users = shim_users(s.runtime_path)
-    if users:
-        names = ", ".join(os.path.basename(b) for b in users[:5])
-        more = f" and {len(users) - 5} more" if len(users) > 5 else ""
+    found = users(s)
+    if found:
+        names = ", ".join(os.path.basename(b)[:12] for b in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
         say(
-            f"{len(users)} container(s) still run through nvshim ({names}{more}):"
+            f"{len(found)} container(s) still run through nvshim ({names}{more}):"
             f" {s.runtime_path} stays as a pass-through to the low-level runtime until"
             " the last of them is deleted"
         )

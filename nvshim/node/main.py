@@ -1,4 +1,5 @@
-"""The installer's life: install, report ready, supervise the MPS daemons, and on SIGTERM
+"""The installer's life: install, report ready, supervise the MPS daemons, follow host
+changes (``nvshim.node.follow``: MIG layout, driver upgrade), and on SIGTERM
 or SIGINT take everything back and exit 0.
 
 Signals only set a flag: a step in progress (a config write, a restart) always finishes,
@@ -78,6 +79,15 @@ class MpsSupervisor:
             say(f"error: MPS: {error}")
 
 
+def _interval(watch, mps) -> float:
+    """Seconds until the loop looks again: the host watch's, the MPS check's, or idle."""
+    if watch is not None:
+        from nvshim.node.follow import INTERVAL
+
+        return INTERVAL
+    return SUPERVISE_INTERVAL if mps is not None else 3600
+
+
 def run(s: NodeSettings, daemon: bool = True) -> int:
     """Install; with ``daemon`` stay up (supervising) until SIGTERM/SIGINT, then uninstall."""
     stop = threading.Event()
@@ -103,16 +113,32 @@ def run(s: NodeSettings, daemon: bool = True) -> int:
         if not got:
             say("stopped before the other installer finished; nothing changed")
             return 0
+        watch = None
+        if daemon and (s.cdi_enabled or s.sharing_config):
+            from nvshim.node.follow import HostWatch
+
+            watch = HostWatch(s, say)  # the key before discovery: a change now is seen
         host = steps.install(s, say)
         mps = MpsSupervisor(s, host) if s.sharing_config and daemon else None
+
+        def restart_mps(new_host) -> None:
+            nonlocal mps
+            mps.stop()
+            mps = MpsSupervisor(s, new_host)
+            mps.check()
+
         try:
             if mps is not None:
                 mps.check()
             write_ready(s.ready_file)
             if not daemon:
                 return 0
-            while not stop.wait(SUPERVISE_INTERVAL if mps else 3600):
-                if mps is not None:
+            checked = time.monotonic()
+            while not stop.wait(_interval(watch, mps)):
+                if watch is not None:
+                    watch.look(restart_mps if mps is not None else None)
+                if mps is not None and time.monotonic() - checked >= SUPERVISE_INTERVAL:
+                    checked = time.monotonic()
                     try:
                         mps.check()
                     except NvshimError as err:

@@ -146,13 +146,13 @@ def clean_run_dirs(s: NodeSettings, say: Say) -> None:
     by default); the node lock file stays until the lock is released. While containers
     still run through nvshim their exec markers stay (an install coming back must still
     enforce on their execs); the pass-through removes them with itself."""
-    from nvshim.node.leftover import shim_users
+    from nvshim.node.leftover import users
     from nvshim.runtime import MARKER_DIR
     from nvshim.trusted import DEFAULT_CACHE_DIR
 
     state = str(host_side_config(s).get("runtime", "state-dir"))
     keep = {s.here(s.pid_file)}
-    if shim_users(s.runtime_path):
+    if users(s):
         keep.add(s.here(os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR)))
     for host_dir in sorted({state, DEFAULT_CACHE_DIR}):
         top = s.here(host_dir)
@@ -337,7 +337,17 @@ def restart_engine(s: NodeSettings, say: Say) -> None:
     itself, so lines written just before it goes down are lost: the restart waits a
     moment after saying it comes."""
     from nvshim.engines.restart import restart
+    from nvshim.node.leftover import crio_users
 
+    if s.engine_name == "crio" and crio_users(s):
+        say(
+            f"not restarting crio: {len(crio_users(s))} container(s) of handler"
+            f" {s.engine.runtime_name!r} still exist, and CRI-O cannot exec, stop or delete a"
+            " container whose handler is gone from its config ('failed to find runtime"
+            " handler'); the running CRI-O keeps the handler (a SIGHUP does not drop it) and"
+            " calls the pass-through; it leaves CRI-O at its next restart"
+        )
+        return
     say(f"restarting {s.engine_name} ({s.engine.restart}) to drop the runtime")
     if s.engine.restart != "none":
         time.sleep(LOG_DRAIN)

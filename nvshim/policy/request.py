@@ -1,8 +1,11 @@
 """What a container asks for, read from its OCI spec (all of it hostile input).
 
-Sources, first that yields devices wins: CDI annotations naming our vendor/class,
-``/dev/null`` mounts at ``/var/run/nvidia-container-devices/<id>``, then
-``NVIDIA_VISIBLE_DEVICES`` (or a legacy CUDA image) subject to the env policy.
+Sources, first that yields devices wins: CDI annotations (our vendor/class by device id,
+any other vendor's names resolved later from the spec directories: ``nvshim.policy.cdinames``),
+``/dev/null`` mounts at ``/var/run/nvidia-container-devices/<id>``, GPU device nodes the
+engine already put in ``linux.devices`` (its own CDI, a device plugin's device specs;
+unprivileged containers only), then ``NVIDIA_VISIBLE_DEVICES`` (or a legacy CUDA image)
+subject to the env policy.
 """
 
 from __future__ import annotations
@@ -73,6 +76,10 @@ class ContainerRequest:
     env: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     rdma: tuple[str, str] | None = None  # (source, value) of a GPU-NIC pairing request
+    # CDI names of other vendors/classes (``vendor/class=name``), resolved by select
+    cdi_names: tuple[str, ...] = ()
+    # GPU and MIG capability device nodes already in linux.devices (source "engine")
+    device_nodes: tuple[str, ...] = ()
 
     @property
     def raw_ids(self) -> tuple[str, ...] | None:
@@ -213,15 +220,17 @@ def _policy(policy: dict | None, key: str) -> Any:
     return value
 
 
-def devices_from_annotations(spec: dict, policy: dict) -> DeviceList | None:
-    """Our devices named by CDI annotations (``<prefix>...`` = ``vendor/class=name,...``);
-    None when no annotation names one. Other vendors' names are ignored."""
+def cdi_annotation_names(spec: dict, policy: dict) -> list[tuple[str, str]]:
+    """Every CDI name the CDI annotations (``<prefix>...`` = ``vendor/class=name,...``)
+    carry, as ``(what, name)``; an entry that is not a valid qualified CDI name raises
+    RequestError (annotations are hostile: nothing unparsed goes further)."""
+    from nvshim.cdi.names import parse_qualified_name
+
     annotations = spec.get("annotations")
     if not isinstance(annotations, dict):
-        return None
+        return []
     prefixes = [p for p in _policy(policy, "cdi-annotation-prefixes") if isinstance(p, str) and p]
-    kind = f"{_policy(policy, 'cdi-vendor')}/{_policy(policy, 'cdi-class')}"
-    names: list[str] = []
+    names: list[tuple[str, str]] = []
     for key, value in annotations.items():
         if not (isinstance(key, str) and isinstance(value, str)):
             continue
@@ -231,14 +240,53 @@ def devices_from_annotations(spec: dict, policy: dict) -> DeviceList | None:
         if len(value) > MAX_VALUE:
             raise RequestError(f"{what}: value longer than {MAX_VALUE} bytes")
         for entry in value.split(","):
-            qualified, eq, name = entry.strip().partition("=")
-            if eq and qualified == kind:
-                if not name.strip():
-                    raise RequestError(f"{what}: empty device name in {_show(entry.strip())}")
-                names.append(name)
+            try:
+                parse_qualified_name(entry.strip())
+            except ValueError as err:
+                raise RequestError(f"{what}: {err}") from None
+            names.append((what, entry.strip()))
+    return names
+
+
+def devices_from_annotations(spec: dict, policy: dict) -> DeviceList | None:
+    """Our devices named by CDI annotations; None when no annotation names one. Names of
+    other vendors are left to ``foreign_cdi_names``."""
+    kind = f"{_policy(policy, 'cdi-vendor')}/{_policy(policy, 'cdi-class')}"
+    names = [n.partition("=")[2] for _, n in cdi_annotation_names(spec, policy)
+             if n.partition("=")[0] == kind]  # fmt: skip
     if not names:
         return None
     return parse_device_ids(names, f"annotation {kind}", keywords=False)
+
+
+def foreign_cdi_names(spec: dict, policy: dict) -> tuple[str, ...]:
+    """CDI names in the annotations of any other vendor or class, in order, once each."""
+    kind = f"{_policy(policy, 'cdi-vendor')}/{_policy(policy, 'cdi-class')}"
+    names = [n for _, n in cdi_annotation_names(spec, policy) if n.partition("=")[0] != kind]
+    return tuple(dict.fromkeys(names))
+
+
+def gpu_device_nodes(spec: dict) -> tuple[str, ...]:
+    """Paths of GPU (``/dev/nvidia<N>``) and MIG capability (``/dev/nvidia-caps/
+    nvidia-cap<N>``) device nodes in ``linux.devices``: what the engine injected itself."""
+    linux = spec.get("linux")
+    entries = linux.get("devices") if isinstance(linux, dict) else None
+    if not isinstance(entries, list):
+        return ()
+    found = []
+    for entry in entries:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(path, str) and is_gpu_node_path(path):
+            found.append(path)
+    return tuple(dict.fromkeys(found))
+
+
+def is_gpu_node_path(path: str) -> bool:
+    """``/dev/nvidia<N>`` or ``/dev/nvidia-caps/nvidia-cap<N>`` (N: up to 9 digits)."""
+    for prefix in ("/dev/nvidia-caps/nvidia-cap", "/dev/nvidia"):
+        if path.startswith(prefix):
+            return _is_number(path[len(prefix) :])
+    return False
 
 
 def _components(path: str) -> list[str]:
@@ -313,9 +361,17 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
     asked = ""
     source = "cdi"
     devices = devices_from_annotations(spec, policy)
+    foreign = foreign_cdi_names(spec, policy)
+    nodes: tuple[str, ...] = ()
+    if devices is None and foreign:
+        devices = DeviceList("list")  # what they name comes from the spec directories
     if devices is None and _policy(policy, "accept-volume-mounts"):
         source = "mounts"
         devices = devices_from_mounts(spec)
+    if devices is None and not privileged:  # privileged: linux.devices holds every node
+        nodes = gpu_device_nodes(spec)
+        if nodes:
+            source, devices = "engine", DeviceList("list")
     if devices is None:
         honoured = privileged or _policy(policy, "accept-env-unprivileged")
         if VISIBLE in env:
@@ -364,6 +420,8 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
         env=env,
         warnings=tuple(warnings),
         rdma=rdma_ask(spec, env),
+        cdi_names=foreign,
+        device_nodes=nodes,
     )
 
 
@@ -374,16 +432,21 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
 # env) must be covered; a JSON escape (``\u004e``, ``\/``) could hide a name from a
 # fixed-string match, so any such escape counts as a word too. A new source adds its word
 # here and its specs to the corpus of tests/test_policy_request.py, which checks this.
-TRIGGERS = ("NVIDIA_", "CUDA_VERSION", DEVICES_DIR[-1], "nvshim.io/", "NVSHIM_", "\\u", "\\/")
+TRIGGERS = (
+    "NVIDIA_", "CUDA_VERSION", DEVICES_DIR[-1], "nvshim.io/", "NVSHIM_", "/dev/nvidia", "\\u",
+    "\\/",
+)  # fmt: skip
 
 
 def request_triggers(policy: dict | None) -> tuple[str, ...]:
-    """``TRIGGERS`` and the configured CDI kind (``<cdi-vendor>/<cdi-class>``). A kind
-    holding a character JSON writes only escaped (a quote, a backslash, a control
-    character) adds a lone backslash: then any escape at all sends the spec to Python."""
+    """``TRIGGERS``, the configured CDI kind (``<cdi-vendor>/<cdi-class>``) and the CDI
+    annotation prefixes (a name of any vendor is a request). A word holding a character
+    JSON writes only escaped (a quote, a backslash, a control character) adds a lone
+    backslash: then any escape at all sends the spec to Python."""
     kind = f"{_policy(policy, 'cdi-vendor')}/{_policy(policy, 'cdi-class')}"
-    words = (*TRIGGERS, kind)
-    if any(c in '"\\' or ord(c) < 0x20 for c in kind):
+    prefixes = [p for p in _policy(policy, "cdi-annotation-prefixes") if isinstance(p, str) and p]
+    words = (*TRIGGERS, kind, *prefixes)
+    if any(c in '"\\' or ord(c) < 0x20 for word in (kind, *prefixes) for c in word):
         words += ("\\",)
     return words
 

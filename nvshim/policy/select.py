@@ -48,6 +48,13 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
         return Selection(ContainerEdits(), [], log)
     host = host or load_host_for(config)
     devices = resolve_devices(host, request.devices)
+    foreign = None
+    if getattr(request, "cdi_names", ()) or getattr(request, "device_nodes", ()):
+        devices, foreign = _cdi_and_engine_devices(devices, request, host, config)
+        if not devices and request.devices.kind == "list" and not request.devices.ids:
+            # only other vendors' devices (or no known GPU node): no NVIDIA driver
+            log["devices"] = "none"
+            return Selection(foreign, [], log)
     caps = request.capabilities
     edits = common_edits(host, caps, config.get("runtime", "hook-path")).merge(
         devices_edits(devices, host)
@@ -67,6 +74,8 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
         requirement_facts(host, devices),
         disable=request.disable_require,
     )
+    if foreign is not None:
+        edits = edits.merge(foreign)
     uuids = [d.uuid for d in devices]
     value, replaced = cuda_visible_devices(request.env.get("CUDA_VISIBLE_DEVICES"), uuids)
     edits = edits.with_env(CUDA_VISIBLE_DEVICES=value)
@@ -79,6 +88,29 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
 
         edits = pairing_edits(edits, devices, request, host, config, log)
     return Selection(edits, devices, log)
+
+
+def _cdi_and_engine_devices(devices, request, host, config) -> tuple[list, ContainerEdits]:
+    """``devices`` plus the NVIDIA devices other vendors' CDI names and the engine's own
+    injected nodes stand for (``nvshim.policy.cdinames``), without repeats; and the edits
+    of the other CDI devices named."""
+    from nvshim.edits import ContainerEdits
+    from nvshim.policy.cdinames import devices_for_nodes, resolve_cdi_names
+
+    foreign = ContainerEdits()
+    extra = []
+    if request.cdi_names:
+        dirs = [d for d in config.get("policy", "cdi-spec-dirs") if isinstance(d, str)]
+        found, foreign = resolve_cdi_names(host, request.cdi_names, dirs)
+        extra += found
+    if request.device_nodes:
+        extra += devices_for_nodes(host, request.device_nodes, False, "linux.devices")
+    seen = {d.uuid for d in devices}
+    for device in extra:
+        if device.uuid not in seen:
+            seen.add(device.uuid)
+            devices.append(device)
+    return devices, foreign
 
 
 def _amend_sharing(edits, devices, request, host, config, log) -> ContainerEdits:

@@ -6,6 +6,8 @@
 - ``containerd_bin("1.6" | "1.7")``: a directory holding ``containerd``,
   ``containerd-shim-runc-v2`` and ``ctr``: Debian bookworm's from apt (1.6), or trixie's
   1.7 fetched with a private apt state (the system's sources untouched) and ``dpkg-deb -x``;
+- ``crio_dir()``: CRI-O 1.36.3 (``bin/crio``, ``bin/pinns``, ``bin/runc-oomclamp``) unpacked
+  from ``../shared/crio/crio-*-linux-amd64.tar.xz`` (keyed by the archive's sha256);
 - ``base_images()``: docker archives of a static ``pause`` and of a static busybox.
 """
 
@@ -24,6 +26,7 @@ from tests.debroot import REPO, cached
 PAUSE = "nvshim.test/pause:k8s"
 BUSYBOX = "nvshim.test/busybox:k8s"
 CONTAINERD_VERSIONS = ("1.6", "1.7")
+ENGINES = (*CONTAINERD_VERSIONS, "crio")  # what a test cluster runs: containerd 1.6/1.7, CRI-O
 
 # The pod sandbox: sleeps until told to stop, reaps nothing it does not own.
 _PAUSE_C = r"""#include <signal.h>
@@ -42,10 +45,10 @@ class MissingPart(RuntimeError):
     """A part the cluster needs is not on this machine (tests/setup.sh installs it)."""
 
 
-def k8s_archive() -> str | None:
-    """The Kubernetes server archive: ``$NVSHIM_K8S_ARCHIVE``, else the first
-    ``kubernetes-*-linux-amd64.tar.xz`` in ``shared/k8s`` beside or inside the checkout."""
-    given = os.environ.get("NVSHIM_K8S_ARCHIVE")
+def _shared_archive(variable: str, pattern: str) -> str | None:
+    """``$variable`` when set, else the newest ``pattern`` (under ``shared/``) beside or
+    inside the checkout."""
+    given = os.environ.get(variable)
     if given:
         return given if os.path.isfile(given) else None
     for shared in (
@@ -53,10 +56,21 @@ def k8s_archive() -> str | None:
         os.path.join(REPO, "shared"),
         "/work/shared",
     ):
-        found = sorted(glob.glob(os.path.join(shared, "k8s", "kubernetes-*-linux-amd64.tar.xz")))
+        found = sorted(glob.glob(os.path.join(shared, pattern)))
         if found:
             return found[-1]
     return None
+
+
+def k8s_archive() -> str | None:
+    """The Kubernetes server archive: ``$NVSHIM_K8S_ARCHIVE``, else the first
+    ``kubernetes-*-linux-amd64.tar.xz`` in ``shared/k8s`` beside or inside the checkout."""
+    return _shared_archive("NVSHIM_K8S_ARCHIVE", "k8s/kubernetes-*-linux-amd64.tar.xz")
+
+
+def crio_archive() -> str | None:
+    """The CRI-O archive: ``$NVSHIM_CRIO_ARCHIVE``, else ``shared/crio/crio-*.tar.xz``."""
+    return _shared_archive("NVSHIM_CRIO_ARCHIVE", "crio/crio-*-linux-amd64.tar.xz")
 
 
 def _sha256(path: str) -> str:
@@ -70,15 +84,28 @@ def _sha256(path: str) -> str:
 def k8s_bin() -> str:
     """A directory with kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
     and kubectl (unpacked once per archive content)."""
-    archive = k8s_archive()
+    return _unpacked("k8s-bin", k8s_archive(), "Kubernetes")
+
+
+def _unpacked(name: str, archive: str | None, what: str) -> str:
+    """``archive`` unpacked once per content into the test cache."""
     if archive is None:
-        raise MissingPart("no Kubernetes archive (../shared/k8s or $NVSHIM_K8S_ARCHIVE)")
+        raise MissingPart(f"no {what} archive (../shared)")
 
     def build(path: str) -> None:
         os.makedirs(path)
         subprocess.run(["tar", "-C", path, "-xJf", archive], check=True, capture_output=True)
 
-    return cached("k8s-bin", {"sha256": _sha256(archive)}, build)
+    return cached(name, {"sha256": _sha256(archive)}, build)
+
+
+def crio_dir() -> str:
+    """CRI-O unpacked (``bin/crio``, ``bin/pinns``, ``bin/runc-oomclamp``), once per archive
+    content; conmon and runc come from apt."""
+    for needed in ("conmon", "runc", "podman"):
+        if shutil.which(needed) is None:
+            raise MissingPart(f"{needed} is not installed (tests/setup.sh installs it)")
+    return _unpacked("crio", crio_archive(), "CRI-O")
 
 
 def _debian_mirror() -> str:

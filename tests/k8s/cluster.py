@@ -1,6 +1,7 @@
 """A one-node Kubernetes for tests: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, containerd (1.6 or 1.7) and the kubelet, all inside private mount, network
-and PID namespaces, so the host's own files never change (FACTS §15).
+kube-scheduler, the engine (containerd 1.6 or 1.7, or CRI-O 1.36) and the kubelet, all inside
+private mount, network and PID namespaces, so the host's own files never change (FACTS §15,
+§16).
 
 Inside the namespaces (PID 1 is tests/k8s/nsinit.py):
 - ``/run`` is a tmpfs; ``/etc``, ``/opt``, ``/usr/local``, ``/var/lib``, ``/var/log``,
@@ -10,6 +11,15 @@ Inside the namespaces (PID 1 is tests/k8s/nsinit.py):
   mounts of plain directories of the work dir;
 - the containerd config is a real file at ``/etc/containerd/config.toml``; containerd is
   restarted whenever it exits (as systemd would: an installer's SIGHUP makes it exit);
+- CRI-O (``engine="crio"``) reads ``/etc/crio/crio.conf`` and ``/etc/crio/crio.conf.d/``; its
+  image store is a plain directory of the work dir (overlay storage cannot sit on an
+  overlayfs), filled by podman through the same store; ``/usr/bin`` and
+  ``/usr/share/containers`` are overlays too (CRI-O creates its hooks directory there), and
+  ``/usr/bin/systemctl`` is a stand-in that restarts CRI-O through the supervisor, as
+  ``systemctl restart crio`` would (an installer must restart CRI-O 1.36: SIGHUP does not
+  apply runtime handler changes); ``/proc/cgroups`` shows hugetlb disabled (on these hybrid
+  hosts hugetlb is not a v1 hierarchy, and CRI-O would have runc set hugetlb limits); the
+  runc handler runs through ``RUNC_CLAMP`` (no CAP_SYS_RESOURCE here);
 - ``lo`` carries the node address ``NODE_IP``; pods get addresses from the bridge CNI
   (``cni0``, ``POD_SUBNET``); ``SERVICE_IP`` (the ``kubernetes`` service) is DNATed to the
   API server, so in-cluster clients work (there is no kube-proxy and no cluster DNS);
@@ -18,12 +28,12 @@ Inside the namespaces (PID 1 is tests/k8s/nsinit.py):
 - the kubelet's sysctls are files bind-mounted over ``/proc/sys``; its cgroups live under
   a cgroup root of the cluster's own, removed at the end.
 
-    with Cluster(containerd="1.7") as k8s:
+    with Cluster(containerd="1.7") as k8s:          # or Cluster(engine="crio")
         k8s.kubectl("get", "nodes")
         k8s.apply(manifest_text)
         k8s.path("/etc/containerd/config.toml")   # that file, from outside
 
-By hand: ``python3 -m tests.k8s.cluster --containerd 1.7 --shell`` (see ``main``).
+By hand: ``python3 -m tests.k8s.cluster --containerd 1.7 --shell`` (or ``--engine crio``).
 """
 
 from __future__ import annotations
@@ -52,7 +62,12 @@ API_PORT = 6443
 DRIVER_ROOT = "/run/nvidia/driver"
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+CRIO_SOCKET = "/run/crio/crio.sock"
+CRIO_CONFIG = "/etc/crio/crio.conf"
+CRIO_DROP_INS = "/etc/crio/crio.conf.d"
+CRIO_RUNROOT = "/run/containers/storage"
 OVERLAYS = ("/etc", "/opt", "/usr/local", "/var/lib", "/var/log", "/var/cache")
+CRIO_OVERLAYS = ("/usr/bin", "/usr/share/containers")  # the systemctl stand-in, hooks.d
 CGROUP_FS = "/sys/fs/cgroup"
 # The kubelet sets these (and reads vm.panic_on_oom): files with its values go over them.
 SYSCTLS = {
@@ -95,6 +110,137 @@ def _containerd_config(version: str, bin_dir: str, sandbox_image: str, cdi: bool
     return tomlkit.dumps(doc)
 
 
+# runc for CRI-O's runc handler on these machines (no CAP_SYS_RESOURCE): before create, run
+# and exec, a negative oomScoreAdj is raised to ours (as ../shared/crio's runc-oomclamp and
+# containerd's restrict_oom_score_adj do) and capabilities outside our bounding set are
+# dropped (CRI-O gives a privileged container every capability it knows; containerd gives
+# the ones it has).
+RUNC_CLAMP = """#!/usr/bin/python3 -IS
+import json, os, sys
+
+CAPS = ("CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP "
+        "LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER "
+        "SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE "
+        "SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+        "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF "
+        "CHECKPOINT_RESTORE").split()
+args = sys.argv[1:]
+command, bundle, process, prev = None, ".", None, None
+for arg in args:
+    if prev in ("--bundle", "-b"):
+        bundle = arg
+    elif prev in ("--process", "-p"):
+        process = arg
+    elif arg.startswith("--bundle="):
+        bundle = arg.split("=", 1)[1]
+    elif arg.startswith("--process="):
+        process = arg.split("=", 1)[1]
+    elif command is None and arg in ("create", "run", "exec"):
+        command = arg
+    prev = arg
+path = process if command == "exec" else os.path.join(bundle, "config.json") if command else None
+if path and os.path.isfile(path):
+    with open(path) as fh:
+        doc = json.load(fh)
+    proc = doc if command == "exec" else doc.get("process") or {}
+    with open("/proc/self/oom_score_adj") as fh:
+        mine = int(fh.read())
+    if proc.get("oomScoreAdj", 0) < mine:
+        proc["oomScoreAdj"] = mine
+    with open("/proc/self/status") as fh:
+        bnd = int(next(l for l in fh if l.startswith("CapBnd:")).split()[1], 16)
+    have = {"CAP_" + n for i, n in enumerate(CAPS) if bnd >> i & 1}
+    for key, caps in (proc.get("capabilities") or {}).items():
+        proc["capabilities"][key] = [c for c in caps if c in have]
+    with open(path, "w") as fh:
+        json.dump(doc, fh)
+os.execv("/usr/sbin/runc", ["runc", *args])
+"""
+
+
+def _crio_config(crio_dir: str, runc: str, storage: str, sandbox_image: str) -> str:
+    """CRI-O's ``crio.conf`` for these machines (../shared/crio/README.md): runc through
+    ``RUNC_CLAMP`` as the default (1.36's built-in default is crun), cgroupfs, the store on
+    the real filesystem."""
+    return f"""\
+# CRI-O for the nvshim test cluster (tests/k8s/cluster.py)
+[crio]
+root = "{storage}"
+runroot = "{CRIO_RUNROOT}"
+storage_driver = "overlay"
+log_dir = "/var/log/crio/pods"
+
+[crio.api]
+listen = "{CRIO_SOCKET}"
+
+[crio.runtime]
+default_runtime = "runc"
+cgroup_manager = "cgroupfs"
+conmon_cgroup = "pod"
+pinns_path = "{crio_dir}/bin/pinns"
+hooks_dir = ["/usr/share/containers/oci/hooks.d"]
+irqbalance_config_restore_file = "disable"
+
+[crio.runtime.runtimes.runc]
+runtime_path = "{runc}"
+runtime_type = "oci"
+runtime_root = "/run/runc"
+monitor_path = "/usr/bin/conmon"
+monitor_cgroup = "pod"
+
+[crio.image]
+pause_image = "{sandbox_image}"
+pause_command = "/pause"
+signature_policy = "/etc/crio/policy.json"
+
+[crio.network]
+network_dir = "/etc/cni/net.d/"
+plugin_dirs = ["/usr/lib/cni"]
+"""
+
+
+# The node's systemctl: systemd's restart/reload/is-active of the engine unit, done by the
+# cluster's supervisor (tests/k8s/nsinit.py restarts a component that exits).
+SYSTEMCTL = """#!/bin/sh
+# nvshim test cluster: stand-in for systemctl (tests/k8s/cluster.py). The unit crio[.service]
+# is the supervisor's component crio: restart = SIGTERM, then wait (as systemd's restart of a
+# Type=notify unit does) until a new crio serves its socket; reload = SIGHUP.
+verb=
+unit=
+for arg; do
+    case $arg in -*) ;; *) if [ -z "$verb" ]; then verb=$arg; else unit=${arg%.service}; fi ;; esac
+done
+pidfile=/run/nsinit/$unit.pid
+case $verb in
+daemon-reload) exit 0 ;;
+esac
+if [ "$unit" != crio ] || [ ! -f "$pidfile" ]; then
+    echo "systemctl (test stand-in): unit $unit not found" >&2
+    exit 5
+fi
+old=$(cat "$pidfile")
+case $verb in
+is-active) kill -0 "$old" 2>/dev/null && { echo active; exit 0; }; echo inactive; exit 3 ;;
+reload) exec kill -HUP "$old" ;;
+restart|try-restart|reload-or-restart) ;;
+*) echo "systemctl (test stand-in): $verb not supported" >&2; exit 1 ;;
+esac
+kill -TERM "$old" || exit 1
+n=0
+while [ $n -lt 900 ]; do
+    new=$(cat "$pidfile" 2>/dev/null)
+    if [ -n "$new" ] && [ "$new" != "$old" ] && [ -S /run/crio/crio.sock ] \\
+        && ! kill -0 "$old" 2>/dev/null; then
+        exit 0
+    fi
+    sleep 0.1
+    n=$((n + 1))
+done
+echo "systemctl (test stand-in): crio did not come back" >&2
+exit 1
+"""
+
+
 def _cni_conflist() -> str:
     return json.dumps(
         {
@@ -119,7 +265,7 @@ def _cni_conflist() -> str:
     )
 
 
-def _kubelet_config(pki: Path, cgroup_root: str) -> str:
+def _kubelet_config(pki: Path, cgroup_root: str, socket: str) -> str:
     return json.dumps(
         {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -134,7 +280,7 @@ def _kubelet_config(pki: Path, cgroup_root: str) -> str:
             "cgroupRoot": cgroup_root,
             "failCgroupV1": False,
             "failSwapOn": False,
-            "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
+            "containerRuntimeEndpoint": f"unix://{socket}",
             "podLogsDir": "/var/log/pods",
             "resolvConf": "/etc/resolv.conf",
             "clusterDomain": "cluster.local",
@@ -252,9 +398,10 @@ def sweep_stale(base: str | None = None) -> list[str]:
 class Cluster:
     """A one-node cluster; ``start()``/``stop()`` or use it as a context manager.
 
-    ``containerd``: "1.6" (bookworm, apt) or "1.7" (trixie). ``sim``: a shipped simulated
-    host name (tests/sim/hosts) to serve as the driver root, or None. ``cdi``: containerd
-    1.7's ``enable_cdi``.
+    ``containerd``: "1.6" (bookworm, apt) or "1.7" (trixie); ``engine``: "containerd" or
+    "crio" (CRI-O 1.36.3 from ../shared/crio; ``containerd`` is then unused). ``sim``: a
+    shipped simulated host name (tests/sim/hosts) to serve as the driver root, or None.
+    ``cdi``: containerd 1.7's ``enable_cdi`` (CRI-O always reads CDI specs).
     """
 
     def __init__(
@@ -263,9 +410,14 @@ class Cluster:
         sim: str | None = "h100x8-mig",
         cdi: bool = True,
         workdir: str | None = None,
+        engine: str = "containerd",
     ) -> None:
-        if containerd not in artifacts.CONTAINERD_VERSIONS:
+        if engine not in ("containerd", "crio"):
+            raise ValueError(f"engine {engine!r}: containerd or crio")
+        if engine == "containerd" and containerd not in artifacts.CONTAINERD_VERSIONS:
             raise ValueError(f"containerd {containerd!r}: one of {artifacts.CONTAINERD_VERSIONS}")
+        self.engine = engine
+        self.socket = CRIO_SOCKET if engine == "crio" else CONTAINERD_SOCKET
         self.containerd_version = containerd
         self.sim_name = sim
         self.cdi = cdi
@@ -288,6 +440,18 @@ class Cluster:
         self.mntns = ""
         self.k8s_bin = ""
         self.containerd_bin = ""
+        self.crio_dir = ""
+        self.crio_storage = self.workdir / "crio-storage"  # on the real filesystem
+
+    @property
+    def name(self) -> str:
+        """What the cluster runs: "1.6", "1.7" (containerd) or "crio"."""
+        return "crio" if self.engine == "crio" else self.containerd_version
+
+    @property
+    def engine_config(self) -> str:
+        """The engine's main config file inside the cluster."""
+        return CRIO_CONFIG if self.engine == "crio" else CONTAINERD_CONFIG
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -318,7 +482,11 @@ class Cluster:
     def _prepare(self) -> None:
         w = self.workdir
         self.k8s_bin = artifacts.k8s_bin()
-        self.containerd_bin = artifacts.containerd_bin(self.containerd_version)
+        if self.engine == "crio":
+            self.crio_dir = artifacts.crio_dir()
+            self.crio_storage.mkdir()
+        else:
+            self.containerd_bin = artifacts.containerd_bin(self.containerd_version)
         for d in (self.logs, self.state, w / "containerd-root", w / "kubelet", w / "sysctl"):
             d.mkdir(parents=True, exist_ok=True)
         make_pki(self.pki, NODE_NAME, NODE_IP, SERVICE_IP)
@@ -332,22 +500,26 @@ class Cluster:
             src = w / "sysctl" / entry.replace("/", ".")
             src.write_text(value + "\n")
             sysctl_files[f"/proc/sys/{entry}"] = str(src)
-        # what containerd and the CNI find in /etc once the overlay is on
+        # what the engine and the CNI find in /etc once the overlay is on
         etc = w / "upper/etc"
-        (etc / "containerd").mkdir(parents=True, exist_ok=True)
-        (etc / "containerd/config.toml").write_text(
-            _containerd_config(
-                self.containerd_version, self.containerd_bin, artifacts.PAUSE, self.cdi
+        if self.engine == "crio":
+            self._prepare_crio(etc, sysctl_files)
+        else:
+            (etc / "containerd").mkdir(parents=True, exist_ok=True)
+            (etc / "containerd/config.toml").write_text(
+                _containerd_config(
+                    self.containerd_version, self.containerd_bin, artifacts.PAUSE, self.cdi
+                )
             )
-        )
         netd = etc / "cni/net.d"
         netd.mkdir(parents=True, exist_ok=True)
         os.setxattr(netd, "trusted.overlay.opaque", b"y")  # the host's CNI confs stay out
         (netd / "10-nvshim-pods.conflist").write_text(_cni_conflist())
-        (w / "kubelet-config.json").write_text(_kubelet_config(self.pki, self.cgroup_root))
+        (w / "kubelet-config.json").write_text(
+            _kubelet_config(self.pki, self.cgroup_root, self.socket)
+        )
         _make_cgroup_root(self.cgroup_root)
-        env = {"PATH": f"{self.containerd_bin}:{self.k8s_bin}:{BASE_PATH}", "HOME": "/root",
-               "LC_ALL": "C.UTF-8"}  # fmt: skip
+        env = {"PATH": self._path_var(), "HOME": "/root", "LC_ALL": "C.UTF-8"}
         spec = {
             "mounts": mounts,
             "dev_nodes": dev_nodes,
@@ -360,6 +532,7 @@ class Cluster:
                 for chain in ("PREROUTING", "OUTPUT")
             ],
             "state_dir": str(self.state),
+            "pid_dir": "/run/nsinit",
             "logs_dir": str(self.logs),
             "api_url": f"https://127.0.0.1:{API_PORT}",
             "ca": str(self.pki / "ca.crt"),
@@ -369,11 +542,47 @@ class Cluster:
         }
         (w / "spec.json").write_text(json.dumps(spec, indent=1))
 
+    def _path_var(self) -> str:
+        engine_bin = f"{self.crio_dir}/bin" if self.engine == "crio" else self.containerd_bin
+        return f"{engine_bin}:{self.k8s_bin}:{BASE_PATH}"
+
+    def _overlays(self) -> tuple[str, ...]:
+        return OVERLAYS + (CRIO_OVERLAYS if self.engine == "crio" else ())
+
+    def _prepare_crio(self, etc: Path, proc_files: dict[str, str]) -> None:
+        """CRI-O's config, signature policy, the systemctl stand-in, and ``/proc/cgroups``
+        with hugetlb off (the README's pitfall 2)."""
+        crio = etc / "crio"
+        (crio / "crio.conf.d").mkdir(parents=True)
+        runc = self.workdir / "runc-clamp"
+        runc.write_text(RUNC_CLAMP)
+        runc.chmod(0o755)
+        (crio / "crio.conf").write_text(
+            _crio_config(self.crio_dir, str(runc), str(self.crio_storage), artifacts.PAUSE)
+        )
+        policy = {"default": [{"type": "insecureAcceptAnything"}]}
+        (crio / "policy.json").write_text(json.dumps(policy) + "\n")
+        usr_bin = self.workdir / "upper/usr-bin"
+        usr_bin.mkdir(parents=True, exist_ok=True)
+        (usr_bin / "systemctl").write_text(SYSTEMCTL)
+        (usr_bin / "systemctl").chmod(0o755)
+        lines = []
+        with open("/proc/cgroups", encoding="utf-8") as fh:
+            for line in fh:
+                fields = line.split("\t")
+                if fields[0] == "hugetlb" and len(fields) == 4:
+                    fields[3] = "0\n"
+                lines.append("\t".join(fields))
+        cgroups = self.workdir / "sysctl" / "cgroups"
+        cgroups.write_text("".join(lines))
+        proc_files["/proc/cgroups"] = str(cgroups)
+
     def _mounts(self) -> tuple[list[dict], list[list]]:
         """The mounts nsinit makes, in order, and the device nodes it makes in /dev."""
         w = self.workdir
-        mounts: list[dict] = [{"kind": "tmpfs", "target": "/run"}]
-        for target in OVERLAYS:
+        mounts: list[dict] = [{"kind": "tmpfs", "target": "/run"},
+                              {"kind": "tmpfs", "target": "/var/tmp"}]  # fmt: skip
+        for target in self._overlays():
             if not os.path.isdir(target):
                 continue
             name = target.strip("/").replace("/", "-")
@@ -398,7 +607,7 @@ class Cluster:
         ]  # fmt: skip
         # the node's containerd is the chosen one at the usual place (/usr/bin), so an
         # installer that runs `containerd --version` or `config dump` meets that version
-        if self.containerd_bin != "/usr/bin":
+        if self.containerd_bin not in ("", "/usr/bin"):
             for name in sorted(os.listdir(self.containerd_bin)):
                 if os.path.isfile(f"/usr/bin/{name}"):
                     mounts.append({"kind": "bind", "target": f"/usr/bin/{name}",
@@ -443,8 +652,10 @@ class Cluster:
                 f"--kubelet-client-key={p}/apiserver-kubelet-client.key",
                 "--kubelet-preferred-address-types=InternalIP", "--profiling=false",
                 "--enable-priority-and-fairness=false"]),
-            comp("containerd", ["/usr/bin/containerd", "--config", CONTAINERD_CONFIG],
-                 restart_delay=0.1),
+            comp("crio", [f"{self.crio_dir}/bin/crio"], restart_delay=0.1)
+            if self.engine == "crio"
+            else comp("containerd", ["/usr/bin/containerd", "--config", CONTAINERD_CONFIG],
+                      restart_delay=0.1),
             comp("kubelet", [
                 f"{kb}/kubelet", f"--config={w}/kubelet-config.json",
                 f"--kubeconfig={w}/node.kubeconfig", f"--node-ip={NODE_IP}",
@@ -499,15 +710,16 @@ class Cluster:
         if exits.exists():  # restarted each time; one that keeps failing is broken
             names = [line.split()[0] for line in exits.read_text().splitlines() if line]
             for name in set(names):
-                if names.count(name) >= MAX_EXITS and name != "containerd":
+                if names.count(name) >= MAX_EXITS and name not in ("containerd", "crio"):
                     raise ClusterError(f"{name} exited {MAX_EXITS} times:\n{self.log(name)}")
 
     def _wait_socket(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while not os.path.exists(self.path(CONTAINERD_SOCKET)):
+        while not os.path.exists(self.path(self.socket)):
             self._check_alive()
             if time.monotonic() > deadline:
-                raise ClusterError(f"containerd did not start:\n{self.log('containerd')}")
+                name = "crio" if self.engine == "crio" else "containerd"
+                raise ClusterError(f"{name} did not start:\n{self.log(name)}")
             time.sleep(0.05)
 
     def _wait_ready(self, deadline: float) -> None:
@@ -608,8 +820,9 @@ class Cluster:
 
     def scratch(self, inside: str) -> Path:
         """Where the overlays keep a file written inside under ``inside`` (for /etc, /opt,
-        /usr/local, /var/lib, /var/log, /var/cache, /dev); host paths otherwise untouched."""
-        for target in (*OVERLAYS, "/dev"):
+        /usr/local, /var/lib, /var/log, /var/cache, /dev; CRI-O: /usr/bin,
+        /usr/share/containers); host paths otherwise untouched."""
+        for target in (*self._overlays(), "/dev"):
             if inside == target or inside.startswith(target + "/"):
                 name = target.strip("/").replace("/", "-")
                 return self.workdir / "upper" / name / os.path.relpath(inside, target)
@@ -619,11 +832,12 @@ class Cluster:
         """Environment for commands run inside (``nsenter``): KUBECONFIG, PATH."""
         return {
             "KUBECONFIG": str(self.kubeconfig),
-            "PATH": f"{self.containerd_bin}:{self.k8s_bin}:{BASE_PATH}",
+            "PATH": self._path_var(),
             "HOME": "/root",
             "LC_ALL": "C.UTF-8",
             "CONTAINERD_ADDRESS": CONTAINERD_SOCKET,
             "CONTAINERD_NAMESPACE": "k8s.io",
+            "CONTAINER_RUNTIME_ENDPOINT": f"unix://{self.socket}",
         }
 
     def nsenter(self, argv: list[str], net_only: bool = False, **kw) -> subprocess.CompletedProcess:
@@ -723,17 +937,40 @@ class Cluster:
             capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
+    def podman(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """``podman ARGS`` on CRI-O's image store (inside the cluster's mounts: the store's
+        run root is the cluster's /run)."""
+        return self.nsenter(
+            ["podman", "--root", str(self.crio_storage), "--runroot", CRIO_RUNROOT,
+             "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs",
+             "--events-backend", "none", *args],
+            timeout=timeout,
+        )  # fmt: skip
+
+    def tag_image(self, image: str, tag: str) -> None:
+        """Give ``image`` the extra name ``tag`` in the engine's image store."""
+        if self.engine == "crio":
+            proc = self.podman("tag", image, tag)
+        else:
+            proc = self.ctr("images", "tag", "--force", image, tag)
+        if proc.returncode != 0:
+            raise ClusterError(f"tag {image} {tag} failed: {proc.stderr.strip()}")
+
     def import_image(self, archive: str | os.PathLike) -> None:
-        """Import a docker or OCI archive into containerd's ``k8s.io`` namespace (its
-        names usable by pods with ``imagePullPolicy: IfNotPresent`` / a non-latest tag)."""
+        """Import a docker or OCI archive into the engine's images: containerd's ``k8s.io``
+        namespace, or CRI-O's store through podman (its names usable by pods with
+        ``imagePullPolicy: IfNotPresent`` / a non-latest tag)."""
         deadline = time.monotonic() + 30
         while True:
-            proc = self.ctr("images", "import", os.fspath(archive))
+            if self.engine == "crio":
+                proc = self.podman("load", "-q", "-i", os.fspath(archive))
+            else:
+                proc = self.ctr("images", "import", os.fspath(archive))
             if proc.returncode == 0:
                 return
             # containerd may be restarting (an installer signalled it): retry a while
             if time.monotonic() > deadline:
-                raise ClusterError(f"ctr import {archive} failed: {proc.stderr.strip()}")
+                raise ClusterError(f"import {archive} failed: {proc.stderr.strip()}")
             time.sleep(0.3)
 
     def import_node_image(self, tag: str = "localhost/nvshim-node:test") -> str:
@@ -744,32 +981,38 @@ class Cluster:
         self.import_image(node_image_archive(tag))
         return tag
 
-    def containerd_pid(self) -> int:
-        """Host PID of the containerd serving the socket now (changes on a restart)."""
+    def engine_pid(self) -> int:
+        """Host PID of the engine serving the socket now (changes on a restart)."""
         from tests.engines.containerd_instance import peer_pid
 
-        return peer_pid(self.path(CONTAINERD_SOCKET))
+        return peer_pid(self.path(self.socket))
 
-    def restart_containerd(self, timeout: float = 30.0) -> int:
-        """SIGTERM containerd, wait for the restarted one; its PID."""
-        old = self.containerd_pid()
+    def restart_engine(self, timeout: float = 30.0) -> int:
+        """SIGTERM the engine, wait for the one the supervisor starts again; its PID."""
+        old = self.engine_pid()
         os.kill(old, signal.SIGTERM)
-        return self.wait_containerd(old, timeout)
+        return self.wait_engine(old, timeout)
+
+    containerd_pid = engine_pid
+    restart_containerd = restart_engine
 
     def wait_containerd(self, not_pid: int | None = None, timeout: float = 30.0) -> int:
-        """Wait until a containerd (other than ``not_pid``) serves the socket and its CRI
-        plugin reports the runtime and network ready; its PID."""
+        return self.wait_engine(not_pid, timeout)
+
+    def wait_engine(self, not_pid: int | None = None, timeout: float = 30.0) -> int:
+        """Wait until an engine (other than ``not_pid``) serves the socket and its CRI
+        service reports the runtime and network ready; its PID."""
         import grpc
         from cri_api.v1 import api_pb2, api_pb2_grpc
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                pid = self.containerd_pid()
+                pid = self.engine_pid()
             except OSError:
                 pid = None
             if pid is not None and pid != not_pid:
-                with grpc.insecure_channel(f"unix://{self.path(CONTAINERD_SOCKET)}") as ch:
+                with grpc.insecure_channel(f"unix://{self.path(self.socket)}") as ch:
                     try:
                         reply = api_pb2_grpc.RuntimeServiceStub(ch).Status(
                             api_pb2.StatusRequest(), timeout=2
@@ -779,11 +1022,12 @@ class Cluster:
                     except grpc.RpcError:
                         pass
             time.sleep(0.05)
-        raise ClusterError(f"containerd did not come back:\n{self.log('containerd')}")
+        name = "crio" if self.engine == "crio" else "containerd"
+        raise ClusterError(f"{name} did not come back:\n{self.log(name)}")
 
     def log(self, name: str, tail: int = 4000) -> str:
         """The last ``tail`` characters of a component's log (nsinit, etcd, kube-apiserver,
-        containerd, kubelet, kube-controller-manager, kube-scheduler)."""
+        containerd or crio, kubelet, kube-controller-manager, kube-scheduler)."""
         try:
             return (self.logs / f"{name}.log").read_text(errors="replace")[-tail:]
         except OSError:
@@ -796,6 +1040,7 @@ def main(argv: list[str] | None = None) -> int:
     the cluster stops when it exits. Without --shell or CMD it waits for Ctrl-C."""
     parser = argparse.ArgumentParser(prog="python3 -m tests.k8s.cluster")
     parser.add_argument("--containerd", choices=artifacts.CONTAINERD_VERSIONS, default="1.6")
+    parser.add_argument("--engine", choices=("containerd", "crio"), default="containerd")
     parser.add_argument("--sim", default="h100x8-mig", help="simulated host, or none")
     parser.add_argument("--no-cdi", action="store_true", help="containerd 1.7: enable_cdi off")
     parser.add_argument("--shell", action="store_true", help="run $SHELL inside")
@@ -803,7 +1048,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs="*", help="a command to run inside instead")
     args = parser.parse_args(argv)
     sim = None if args.sim == "none" else args.sim
-    cluster = Cluster(containerd=args.containerd, sim=sim, cdi=not args.no_cdi)
+    cluster = Cluster(containerd=args.containerd, sim=sim, cdi=not args.no_cdi,
+                      engine=args.engine)  # fmt: skip
     try:
         cluster.start()
     except ClusterError as err:

@@ -1,10 +1,10 @@
 """pytest fixtures for tests on the one-node cluster (loaded by tests/conftest.py):
 
 - ``k8s_clusters``: ``get(version)`` starts (once per session) and returns the cluster on
-  containerd ``version`` ("1.6" or "1.7"); all are stopped at the end of the session, and
-  anything they left behind fails it;
-- ``k8s``: parametrized over both versions (tests on it run on 1.6, then 1.7);
-  ``k8s_16`` / ``k8s_17``: one version only;
+  containerd ``version`` ("1.6" or "1.7") or on CRI-O ("crio"); all are stopped at the end
+  of the session, and anything they left behind fails it;
+- ``k8s``: parametrized over both containerd versions (tests on it run on 1.6, then 1.7);
+  ``k8s_16`` / ``k8s_17`` / ``k8s_crio``: one engine only;
 - ``k8s_ns``: a fresh namespace for one test, deleted (without waiting) afterwards; its
   pods and events go to the test's captured output (pytest shows them when it failed).
 
@@ -33,7 +33,10 @@ def k8s_clusters():
 
     def get(version: str) -> Cluster:
         if version not in started:
-            started[version] = Cluster(containerd=version).start()
+            if version == "crio":
+                started[version] = Cluster(engine="crio").start()
+            else:
+                started[version] = Cluster(containerd=version).start()
         return started[version]
 
     yield get
@@ -58,16 +61,21 @@ def k8s_17(k8s_clusters) -> Cluster:
     return k8s_clusters("1.7")
 
 
+@pytest.fixture(scope="session")
+def k8s_crio(k8s_clusters) -> Cluster:
+    return k8s_clusters("crio")
+
+
 @pytest.fixture
 def k8s_ns(request) -> str:
     """A namespace of its own for the test, on the cluster its ``k8s``/``k8s_16``/``k8s_17``
     fixture gives (the first of those it uses)."""
-    for name in ("k8s", "k8s_16", "k8s_17"):
+    for name in ("k8s", "k8s_16", "k8s_17", "k8s_crio"):
         if name in request.fixturenames:
             cluster = request.getfixturevalue(name)
             break
     else:
-        raise RuntimeError("k8s_ns needs one of the k8s, k8s_16, k8s_17 fixtures")
+        raise RuntimeError("k8s_ns needs one of the k8s, k8s_16, k8s_17, k8s_crio fixtures")
     ns = f"t{os.getpid() % 10000}-{next(_counter)}"
     cluster.kubectl("create", "namespace", ns)
     cluster.wait_service_account(ns)

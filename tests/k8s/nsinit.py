@@ -6,10 +6,12 @@ imports only the standard library).
 ``/proc/sys`` entries, device nodes), brings up ``lo`` with the node address, starts the
 components in order (those marked ``after_api`` once the API server's ``/readyz`` answers),
 restarts each one ``restart_delay`` after it exits (as systemd's ``Restart=always`` would; a
-kubelet that finds no runtime yet exits), logs every exit to ``exits`` in the state dir,
-reaps every orphan, and writes ``ready`` in the state directory once the node is Ready and
-the default service account exists. SIGTERM stops the components in reverse order; when
-this process ends the kernel kills whatever is left in the PID namespace.
+kubelet that finds no runtime yet exits), keeps each one's pid in ``pid_dir/NAME.pid`` (the
+node's ``systemctl`` stand-in restarts the engine through it), logs every exit to ``exits``
+in the state dir, reaps every orphan, and writes ``ready`` in the state directory once the
+node is Ready and the default service account exists. SIGTERM stops the components in
+reverse order; when this process ends the kernel kills whatever is left in the PID
+namespace.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def setup_network(spec: dict) -> None:
 
 
 class Component:
-    def __init__(self, c: dict, logs: str) -> None:
+    def __init__(self, c: dict, logs: str, pid_dir: str | None = None) -> None:
         self.name = c["name"]
         self.argv = c["argv"]
         self.env = c["env"]
@@ -80,6 +82,7 @@ class Component:
         self.restart_at: float | None = None
         self.after_api = c.get("after_api", False)
         self.log_path = os.path.join(logs, f"{self.name}.log")
+        self.pid_path = os.path.join(pid_dir, f"{self.name}.pid") if pid_dir else None
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -92,6 +95,10 @@ class Component:
                 self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, cwd="/",
             )  # fmt: skip
+        if self.pid_path:
+            with open(self.pid_path + ".new", "w") as fh:
+                fh.write(f"{self.proc.pid}\n")
+            os.rename(self.pid_path + ".new", self.pid_path)
 
     def stop(self, grace: float) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -147,7 +154,10 @@ def main(spec_path: str) -> int:
     make_mounts(spec)
     setup_network(spec)
     log("mounts and network ready")
-    comps = [Component(c, spec["logs_dir"]) for c in spec["components"]]
+    pid_dir = spec.get("pid_dir")
+    if pid_dir:
+        os.makedirs(pid_dir, exist_ok=True)
+    comps = [Component(c, spec["logs_dir"], pid_dir) for c in spec["components"]]
     for comp in comps:
         if not comp.after_api:
             comp.start()

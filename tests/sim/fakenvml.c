@@ -1054,6 +1054,36 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, uns
     return NVML_SUCCESS;
 }
 
+/* ---- topology (go-gpuallocator scores GPU pairs with it for preferred allocations) ----
+ * Both GPUs on one board: INTERNAL; on one NUMA node: NODE (across host bridges); else
+ * SYSTEM. The same level for an NVLink pair: the allocator adds NVLink scores itself.
+ * MIG devices answer NOT_SUPPORTED, as on real boards. */
+
+#define NVML_TOPOLOGY_INTERNAL 0
+#define NVML_TOPOLOGY_NODE 40
+#define NVML_TOPOLOGY_SYSTEM 50
+
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1,
+                                                        nvmlDevice_t device2, int *pathInfo)
+{
+    ENTER(device1, a);
+    struct fake_dev *b;
+    nvmlReturn_t r = enter(device2, &b, __func__);
+    if (r)
+        return r;
+    if (!pathInfo)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (a->is_mig || b->is_mig)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (a == b)
+        *pathInfo = NVML_TOPOLOGY_INTERNAL;
+    else if (a->numa >= 0 && a->numa == b->numa)
+        *pathInfo = NVML_TOPOLOGY_NODE;
+    else
+        *pathInfo = NVML_TOPOLOGY_SYSTEM;
+    return NVML_SUCCESS;
+}
+
 /* ---- GPU and compute instances (what go-nvlib asks for a MIG device's profile) ---------
  * A GPU-instance handle and a compute-instance handle are the first MIG device of that
  * instance. Profile indexes 0..6 (NVML_GPU_INSTANCE_PROFILE_1_SLICE .. _6_SLICE, and the

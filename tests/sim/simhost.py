@@ -159,6 +159,21 @@ def build_host(
     )
 
 
+def rebuild_host(sim: SimHost, topology: str | dict) -> SimHost:
+    """Change a built host in place, as a MIG re-layout (mig-manager) or a driver upgrade
+    (the driver container) changes a live node: everything under its roots is replaced by
+    ``topology``'s host while the roots themselves stay (so bind mounts of them, such as a
+    test cluster's driver root, see the change)."""
+    for root in dict.fromkeys((sim.driver_root, sim.dev_root)):
+        for entry in os.scandir(root):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+    dev_root = None if sim.dev_root == sim.driver_root else sim.dev_root
+    return build_host(topology, sim.driver_root, dev_root)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``build NAME DEST [--dev-root DIR]``: build a host, print its driver root."""
     parser = argparse.ArgumentParser(prog="python3 -m tests.sim.simhost")

@@ -215,6 +215,24 @@ def container(name: str, command: str = SHOW, resource: str | None = None, **ext
     return body
 
 
+# node paths the installer writes (or that hold what it writes); compared before and after
+HOST_PATHS = ("/usr/local/nvshim", "/usr/local/nvshim-versions", "/etc/nvshim", "/run/nvshim",
+              "/run/cdi/nvshim.yaml", "/run/nvshim-runc", "/usr/local/bin",
+              "/etc/containers/oci/hooks.d")  # fmt: skip
+
+
+def host_state(k8s) -> dict[str, object]:
+    """What the node has at each of HOST_PATHS: a directory's names, "file", or None."""
+    state: dict[str, object] = {}
+    for path in HOST_PATHS:
+        full = k8s.path(path)
+        if os.path.isdir(full) and not os.path.islink(full):
+            state[path] = sorted(os.listdir(full))
+        else:
+            state[path] = "file" if os.path.lexists(full) else None
+    return state
+
+
 def install(k8s, overlay, node_class: type) -> Node:
     """Install nvshim the documented way (the node labelled, the engine's overlay applied
     through a test overlay in the directory ``overlay`` that sets only the environment,
@@ -225,12 +243,16 @@ def install(k8s, overlay, node_class: type) -> Node:
     (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=relative))
     (overlay / "environment.yaml").write_text(ENVIRONMENT)
     original = engine_files(k8s)
+    # a host with an empty /etc/nvshim already (an earlier package's): it stays
+    os.makedirs(k8s.path("/etc/nvshim"), exist_ok=True)
+    host_before = host_state(k8s)
     k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}=true", "--overwrite")
     started = time.monotonic()
     k8s.kubectl("apply", "-k", str(overlay))
     k8s.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node", "--timeout=180s",
                 timeout=240)  # fmt: skip
     state = node_class(k8s, str(overlay), original, time.monotonic() - started)
+    state.host_before = host_before
     k8s.kubectl("create", "namespace", state.ns)
     k8s.wait_service_account(state.ns)
     return state
@@ -597,15 +619,12 @@ def test_delete_k_restores_and_leaves_running_pods_manageable(node):
     assert time.monotonic() - started < 60
     # every other pod that ran through nvshim (a finished one keeps its sandbox) goes too
     node.kubectl("delete", "pods", "--all", "-n", node.ns, timeout=120)
-    # nothing left, once the kubelet has stopped the last sandbox (after the API object)
-    paths = ("/usr/local/nvshim", "/usr/local/nvshim-versions", "/etc/nvshim", "/run/nvshim",
-             "/run/cdi/nvshim.yaml", "/run/nvshim-runc")  # fmt: skip
+    # the node as it was before the install (what the host had stays, an empty /etc/nvshim
+    # too), once the kubelet has stopped the last sandbox (after the API object)
     deadline = time.monotonic() + 120  # (CRI-O: the kubelet's container GC removes them)
-    while any(os.path.lexists(k8s.path(p)) for p in paths) and time.monotonic() < deadline:
+    while host_state(k8s) != node.host_before and time.monotonic() < deadline:
         time.sleep(0.5)
-    left = {p: os.listdir(k8s.path(p)) if os.path.isdir(k8s.path(p)) else "file"
-            for p in paths if os.path.lexists(k8s.path(p))}  # fmt: skip
-    assert left == {}
+    assert host_state(k8s) == node.host_before
 
 
 NVIDIA_RUNTIME = """\

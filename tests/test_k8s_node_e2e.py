@@ -5,7 +5,8 @@ the simulated 8 x H100 host (GPUs 6 and 7 in MIG mode), issue 23:
 apply the containerd overlay plus only a test overlay for the environment (the simulated
 driver root, the image tag), ``rollout status``, the documented smoke pod; the device
 plugin's request forms (tests/fake_device_plugin.py answers Allocate as NVIDIA's plugin
-does: volume-mounts, cdi-annotations, envvar), each getting exactly its GPU or MIG device,
+does: volume-mounts, envvar; the cdi forms with the real plugin in
+tests/test_k8s_nvidia_plugin.py), each getting exactly its GPU or MIG device,
 or refused with the reason in the pod's events; a GPU init container and two GPU
 containers in one pod; ``kubectl exec``; a read-only root; the exporter scraped at its
 pod IP; a rolling update to a second image tag with a GPU pod running; kill -9 of the
@@ -43,7 +44,6 @@ SHOW = "ls /dev /dev/nvidia-caps 2>/dev/null; echo CVD=$CUDA_VISIBLE_DEVICES"
 GPU_LABEL = "nvidia.com/gpu.present"
 PLUGINS = {  # resource -> strategy, which devices (whole GPUs 0-5, or the 1g.10gb MIGs)
     "nvidia.com/gpu": ("volume-mounts", "gpus"),
-    "nvshim.test/gpu-cdi": ("cdi-annotations", "gpus"),
     "nvshim.test/gpu-env": ("envvar", "gpus"),
     "nvidia.com/mig-1g.10gb": ("volume-mounts", "migs"),
 }
@@ -233,9 +233,7 @@ def test_the_documented_smoke_pod(node):
     assert f"CUDA_VISIBLE_DEVICES={gpu0['uuid']}" in out
 
 
-@pytest.mark.parametrize(
-    "resource", ["nvidia.com/gpu", "nvshim.test/gpu-cdi", "nvidia.com/mig-1g.10gb"]
-)
+@pytest.mark.parametrize("resource", ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"])
 def test_device_plugin_forms_get_exactly_their_device(node, resource):
     plugin = node.plugins[resource]
     name = "dp-" + re.sub(r"[^a-z0-9]+", "-", resource.lower())

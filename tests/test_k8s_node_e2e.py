@@ -155,14 +155,11 @@ def container(name: str, command: str = SHOW, resource: str | None = None, **ext
     return body
 
 
-@pytest.fixture(scope="module")
-def node(k8s, tmp_path_factory):
+def install(k8s, overlay, cls: type[Node] = Node) -> Node:
     """nvshim installed the documented way: label the node, apply the containerd overlay
-    through the test overlay, rollout status. The device plugin stand-ins registered."""
+    through the test overlay (written to the directory ``overlay``), rollout status; the
+    tests' namespace made. ``cls``: the state to return (a Node)."""
     k8s.import_node_image(TAG)
-    tagged = k8s.ctr("images", "tag", "--force", artifacts.BUSYBOX, UBUNTU)
-    assert tagged.returncode == 0, tagged.stderr
-    overlay = tmp_path_factory.mktemp("overlay")
     base = os.path.join(KUBE, "overlays", "containerd")
     relative = os.path.relpath(base, overlay)  # kustomize takes no absolute base
     (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=relative))
@@ -173,10 +170,27 @@ def node(k8s, tmp_path_factory):
     k8s.kubectl("apply", "-k", str(overlay))
     k8s.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node", "--timeout=180s",
                 timeout=240)  # fmt: skip
-    ready_after = time.monotonic() - started
-    state = Node(k8s, str(overlay), original, ready_after)
+    state = cls(k8s, str(overlay), original, time.monotonic() - started)
     k8s.kubectl("create", "namespace", state.ns)
     k8s.wait_service_account(state.ns)
+    return state
+
+
+def uninstall(state: Node) -> None:
+    """Take back what ``install`` did (the namespace without waiting)."""
+    k8s = state.k8s
+    k8s.kubectl("delete", "namespace", state.ns, "--wait=false", check=False)
+    k8s.kubectl("delete", "-k", state.overlay, "--ignore-not-found", "--wait=true",
+                check=False, timeout=400)  # fmt: skip
+    k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}-", check=False)
+
+
+@pytest.fixture(scope="module")
+def node(k8s, tmp_path_factory):
+    """nvshim installed (``install``); the device plugin stand-ins registered."""
+    tagged = k8s.ctr("images", "tag", "--force", artifacts.BUSYBOX, UBUNTU)
+    assert tagged.returncode == 0, tagged.stderr
+    state = install(k8s, tmp_path_factory.mktemp("overlay"))
     plugin_dir = os.path.join(str(k8s.workdir), "kubelet", "device-plugins")
     sim = k8s.sim.topology["gpus"]
     ids = {
@@ -199,10 +213,7 @@ def node(k8s, tmp_path_factory):
     finally:
         for plugin in state.plugins.values():
             plugin.stop()
-        k8s.kubectl("delete", "namespace", state.ns, "--wait=false", check=False)
-        k8s.kubectl("delete", "-k", state.overlay, "--ignore-not-found", "--wait=true",
-                    check=False, timeout=400)  # fmt: skip
-        k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}-", check=False)
+        uninstall(state)
 
 
 def test_installed_on_the_node(node):

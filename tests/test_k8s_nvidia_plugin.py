@@ -26,27 +26,25 @@ import time
 import pytest
 import yaml
 
-from tests.k8s.cluster import CONTAINERD_CONFIG, NODE_NAME
+from tests.k8s.cluster import NODE_NAME
 from tests.k8s.nvidia_plugin import (
     NvidiaPlugin,
     allocate_response,
     allocated,
     change_host,
     layout,
-)  # fmt: skip
+)
 from tests.sim import fake_mps_control
 from tests.test_k8s_node_e2e import (
-    ENVIRONMENT,
-    GPU_LABEL,
     KUBE,
     SHOW,
-    TAG,
-    TEST_OVERLAY,
     Node,
     _set_sharing,
     _sharing_configmap,
     container,
-)  # fmt: skip
+    install,
+    uninstall,
+)
 
 HOOK = "/usr/local/nvshim/bin/nvshim-hook"
 NVSHIM_SPEC = "/run/cdi/nvshim.yaml"
@@ -135,28 +133,12 @@ class PluginNode(Node):
 def node(k8s, tmp_path_factory):
     """nvshim installed the documented way (overlays/containerd through the test overlay
     that sets only the environment), the host in the plugin's mixed layout."""
-    k8s.import_node_image(TAG)
-    overlay = tmp_path_factory.mktemp("overlay")
-    base = os.path.relpath(os.path.join(KUBE, "overlays", "containerd"), overlay)
-    (overlay / "kustomization.yaml").write_text(TEST_OVERLAY.format(base=base))
-    (overlay / "environment.yaml").write_text(ENVIRONMENT)
-    original = open(k8s.path(CONTAINERD_CONFIG), "rb").read()
-    k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}=true", "--overwrite")
-    started = time.monotonic()
-    k8s.kubectl("apply", "-k", str(overlay))
-    k8s.kubectl("-n", "nvshim", "rollout", "status", "daemonset/nvshim-node", "--timeout=180s",
-                timeout=240)  # fmt: skip
-    state = PluginNode(k8s, str(overlay), original, time.monotonic() - started)
-    k8s.kubectl("create", "namespace", state.ns)
-    k8s.wait_service_account(state.ns)
+    state = install(k8s, tmp_path_factory.mktemp("overlay"), PluginNode)
     try:
         yield state
     finally:
         state.plugin.stop()
-        k8s.kubectl("delete", "namespace", state.ns, "--wait=false", check=False)
-        k8s.kubectl("delete", "-k", state.overlay, "--ignore-not-found", "--wait=true",
-                    check=False, timeout=400)  # fmt: skip
-        k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}-", check=False)
+        uninstall(state)
         change_host(k8s, k8s.sim_name)  # the shipped host back for the other tests
 
 

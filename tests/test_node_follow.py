@@ -6,6 +6,7 @@ device plugin: tests/test_k8s_nvidia_plugin.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -34,13 +35,24 @@ def uuids(topology: dict) -> set[str]:
     return whole | {m["uuid"] for g in topology["gpus"] for m in g.get("mig_devices", [])}
 
 
-def test_mig_relayout_and_driver_upgrade_are_followed(tmp_path):
-    whole = generate_topology(2, mig=False)
-    scratch = Scratch(tmp_path, whole)
+@contextlib.contextmanager
+def installed(tmp_path, topology: dict):
+    """``nvshim node run`` (CDI on) on a scratch host of ``topology``, ready; SIGTERM at
+    the end. Yields (scratch, process, log)."""
+    scratch = Scratch(tmp_path, topology)
     log = tmp_path / "log"
     proc = start_node(scratch.env(CDI_ENABLED="true"), log)
     try:
         wait_for(scratch.ready.exists, proc=proc, log=log)
+        yield scratch, proc, log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def test_mig_relayout_and_driver_upgrade_are_followed(tmp_path):
+    whole = generate_topology(2, mig=False)
+    with installed(tmp_path, whole) as (scratch, proc, log):
         assert spec_devices(scratch) == (uuids(whole), "libcuda.so.550.90.12")
         steps = [
             ("MIG", generate_topology(2, mig=True)),
@@ -53,22 +65,13 @@ def test_mig_relayout_and_driver_upgrade_are_followed(tmp_path):
             wait_for(lambda w=want: spec_devices(scratch) == w, proc=proc, log=log, timeout=15)
             print(f"{what} change followed in {time.monotonic() - started:.2f} s")
         text = log.read_text()
-        assert (
-            "host changed (" in text and "now driver 550.127.05, 2 GPU(s), 8 MIG device(s)" in text
-        )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        assert "host changed (" in text
+        assert "now driver 550.127.05, 2 GPU(s), 8 MIG device(s)" in text
     assert not scratch.path("/var/run/cdi/nvshim.yaml").exists()
 
 
 def test_a_host_that_cannot_be_discovered_keeps_the_spec_until_it_can(tmp_path):
-    topology = generate_topology(1, mig=False)
-    scratch = Scratch(tmp_path, topology)
-    log = tmp_path / "log"
-    proc = start_node(scratch.env(CDI_ENABLED="true"), log)
-    try:
-        wait_for(scratch.ready.exists, proc=proc, log=log)
+    with installed(tmp_path, generate_topology(1, mig=False)) as (scratch, proc, log):
         before = scratch.path("/var/run/cdi/nvshim.yaml").read_bytes()
         nvml = scratch.sim.nvml_path
         os.rename(nvml, nvml + ".away")  # the driver container is between versions
@@ -81,6 +84,3 @@ def test_a_host_that_cannot_be_discovered_keeps_the_spec_until_it_can(tmp_path):
         scratch.sim = rebuild_host(scratch.sim, newer)
         want = (uuids(newer), "libcuda.so.550.90.12")
         wait_for(lambda: spec_devices(scratch) == want, proc=proc, log=log, timeout=15)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)

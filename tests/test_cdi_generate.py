@@ -137,7 +137,13 @@ def test_generated_spec_is_valid_and_complete(sim_hosts, tmp_path, name, strateg
     assert f"/lib/firmware/nvidia/{ver}/gsp_ga10x.bin" in mounts
     assert not any("libnvidia-encode" in p or "GLX" in p for p in mounts)  # video/graphics
     hooks = {h["args"][1]: h for h in common["hooks"]}
-    assert set(hooks) == {"create-symlinks", "update-ldcache", "disable-device-node-modification"}
+    assert list(hooks) == [
+        "create-symlinks",
+        "enable-cuda-compat",  # before update-ldcache, which puts its folder first
+        "update-ldcache",
+        "disable-device-node-modification",
+    ]
+    assert hooks["enable-cuda-compat"]["args"][2:] == [f"--host-driver-version={ver}"]
     for hook in hooks.values():
         assert hook["hookName"] == "createContainer"
         assert hook["path"] == "/usr/local/bin/nvshim-hook"

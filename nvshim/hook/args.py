@@ -264,7 +264,8 @@ def help_text(step: str | None = None) -> str:
         words += [p.upper() for p in positional]
         lines = [f"usage: {TOOL} {step} [--config FILE] {' '.join(words)}".rstrip()]
         lines += ["", summary, "", "options:", f"  {'--config FILE':<17} {CONFIG_HELP}"]
-        lines += [f"  {name + ' ' + meta:<17} {text}" for name, (_, meta, text) in options.items()]
+        shown = {**options, **STATE_OPTION}
+        lines += [f"  {name + ' ' + meta:<17} {text}" for name, (_, meta, text) in shown.items()]
         return "\n".join(lines) + "\n"
     lines = [
         f"usage: {TOOL} [--config FILE] [--log-format text|json] STEP [OPTIONS]",
@@ -274,6 +275,8 @@ def help_text(step: str | None = None) -> str:
         "steps:",
     ]
     lines += [f"  {name:<34} {summary}" for name, (summary, _, _) in STEPS.items()]
+    lines += ["", "NVIDIA's CDI hook lines run as they are: `hook STEP ...` (nvidia-ctk's form),"]
+    lines += ["-d/--debug/--quiet accepted; each step takes --container-spec FILE."]
     lines += ["", "options:", f"  --config FILE    {CONFIG_HELP}"]
     lines += ["  --log-format F   text or json: the decision log's format (default: config)"]
     lines += ["  -h, --help       this help", "  --version        print the version"]

@@ -17,11 +17,11 @@ read fd-based inside the root; nothing in it is executed.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import struct
 
+from nvshim import fastjson
 from nvshim.errors import NvshimError
 from nvshim.hook import kernel
 from nvshim.hook.fsroot import RootFS, RootPathError, normalize
@@ -131,9 +131,10 @@ def read_note(fd: int) -> CompatNote | None:
 
 
 def _parse_note(desc: bytes) -> CompatNote | None:
+    """The note's JSON (anything unusable: None, as NVIDIA's hook drops such a note)."""
     try:
-        value = json.loads(desc)
-    except (ValueError, UnicodeDecodeError):
+        value = fastjson.loads(desc)
+    except (ValueError, RecursionError):
         return None
     if not isinstance(value, dict):
         return None
@@ -191,24 +192,36 @@ def find_library(root: RootFS, folder: str) -> CompatLibrary | None:
         ]
         if len(names) != 1:
             return None
-        try:
-            fd = os.open(
-                names[0], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
-            )
-        except OSError:
+        fd = _open_regular(dfd, names[0])
+        if fd is None:
             return None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            try:
-                note = read_note(fd)
-            except (OSError, struct.error):
-                note = None
+            note = read_note(fd)
+        except (OSError, struct.error):
+            note = None
         finally:
             os.close(fd)
         return CompatLibrary(_in_root(root, dfd, folder), names[0][len(PREFIX) :], note)
     finally:
         os.close(dfd)
+
+
+def _open_regular(dfd: int, name: str) -> int | None:
+    """``name`` in ``dfd`` opened for reading only if it is a regular file: identified
+    through an O_PATH descriptor, then reopened through that very descriptor, so a FIFO
+    or device node swapped in is never opened."""
+    try:
+        path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(path_fd).st_mode):
+            return None
+        return os.open(f"self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=kernel.host_proc())
+    except OSError:
+        return None
+    finally:
+        os.close(path_fd)
 
 
 def _regular(dfd: int, name: str) -> bool:
@@ -256,11 +269,21 @@ def enable_cuda_compat(
         if found is None:
             _remove(root, CONF_FILE)
             return {"cuda_compat": "not-used"}
-        root.write_file(CONF_FILE, f"{found.folder}\n".encode(), mode=0o644)
+        text = f"{found.folder}\n".encode()
+        if not _holds(root, CONF_FILE, text):  # a restart finds it written: no fsync again
+            root.write_file(CONF_FILE, text, mode=0o644)
     except (OSError, RootPathError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise NvshimError(f"{CONF_FILE} in the container root: {reason}") from None
     return {"cuda_compat": found.version, "cuda_compat_folder": found.folder}
+
+
+def _holds(root: RootFS, path: str, text: bytes) -> bool:
+    """True when regular file ``path`` holds ``text`` with mode 0644."""
+    try:
+        return root.read(path, len(text)) == text and stat.S_IMODE(root.stat(path).st_mode) == 0o644
+    except (OSError, RootPathError):
+        return False
 
 
 def _remove(root: RootFS, path: str) -> None:
@@ -291,3 +314,41 @@ def enabled_folders(root: RootFS) -> list[str]:
             except RootPathError:
                 continue
     return folders
+
+
+def in_image(rootfs: str, host_driver: str, host_cuda: str = "", folder: str | None = None):
+    """``compat_for`` on the image root at host path ``rootfs`` (before the container
+    exists: the runtime's create, a createRuntime hook). None when it cannot be opened."""
+    try:
+        root = RootFS(rootfs)
+    except OSError:
+        return None
+    with root:
+        return compat_for(root, host_driver, host_cuda, folder or DEFAULT_FOLDER)
+
+
+def for_hooks(rootfs: str, hooks) -> CompatLibrary | None:
+    """The compat library the ``nvshim-hook enable-cuda-compat`` entry among ``hooks``
+    will enable in the image at ``rootfs`` (None: no such entry, or not used)."""
+    from nvshim.hook.steps import finishing_steps
+
+    steps, _ = finishing_steps(hooks)
+    for step in steps:
+        if step.command == "enable-cuda-compat":
+            return in_image(
+                rootfs,
+                step.host_driver_version or "",
+                step.host_cuda_version or "",
+                step.cuda_compat_container_root,
+            )
+    return None
+
+
+def judged_versions(found: CompatLibrary | None, driver: str, cuda: str) -> tuple[str, str]:
+    """(driver, CUDA) versions a container's ``NVIDIA_REQUIRE_*`` are judged against:
+    the compat library's when it is used (its note's CUDA version, else derived from its
+    driver version), else the host's."""
+    if found is None:
+        return driver, cuda
+    wanted = found.note.cuda_version if found.note is not None else ""
+    return found.version, wanted if parse_version(wanted) is not None else ""

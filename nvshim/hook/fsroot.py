@@ -17,6 +17,10 @@ import stat
 
 from nvshim.hook import kernel
 
+TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 RESOLVE = kernel.RESOLVE_IN_ROOT | kernel.RESOLVE_NO_MAGICLINKS
 MAX_PATH = 4096
 _MAX_LINKS = 40
@@ -233,6 +237,26 @@ class RootFS:
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Replace (or create) regular file ``path`` atomically: a temp file in the
         parent's fd, then renameat. A symlink at ``path`` is replaced, never followed."""
+
+        def make(pfd: int, tmp: str) -> None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(tmp, flags, mode, dir_fd=pfd)
+            try:
+                os.fchmod(fd, mode)
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        self._swap_in(path, make)
+
+    def replace_symlink(self, target: str, link: str) -> None:
+        """Make ``link`` a symlink to ``target`` atomically, whatever file was there
+        (never followed); a directory there is an error (EISDIR)."""
+        self._swap_in(link, lambda pfd, tmp: os.symlink(target, tmp, dir_fd=pfd))
+
+    def _swap_in(self, path: str, make: Callable[[int, str], None]) -> None:
+        """``make(parent fd, temp name)`` beside ``path``, then renameat over it."""
         pfd, name = self.parent(path)
         tmp = f".{name}.nvshim-{os.getpid()}.tmp"
         try:
@@ -240,18 +264,7 @@ class RootFS:
                 os.unlink(tmp, dir_fd=pfd)
             except FileNotFoundError:
                 pass
-            fd = os.open(
-                tmp,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                mode,
-                dir_fd=pfd,
-            )
-            try:
-                os.fchmod(fd, mode)
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            make(pfd, tmp)
             try:
                 os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
             except OSError:

@@ -33,7 +33,7 @@ def prestart(state, ctx: Context) -> dict | None:
         return None
     from nvshim.policy.select import edits_for_spec
 
-    selection = edits_for_spec(spec, ctx.config)
+    selection = edits_for_spec(spec, ctx.config, bundle=state.bundle)
     if selection is None:
         return None
     fields = dict(selection.log)
@@ -103,14 +103,28 @@ def require_check(state, args: HookArgs) -> dict:
     """A claim spec's createRuntime check: the container's ``NVIDIA_REQUIRE_*`` (from its
     config.json) against the host facts the spec was written with. RequirementError
     refuses the container."""
-    from nvshim.hook.state import load_spec
+    from nvshim.hook.state import load_spec, rootfs_path
     from nvshim.policy.request import requirements_of, spec_env
     from nvshim.policy.require import check_requirements
 
-    requirements, disabled = requirements_of(spec_env(load_spec(state.bundle)))
+    spec = load_spec(state.bundle)
+    requirements, disabled = requirements_of(spec_env(spec))
     devices = [tuple(d.split(":", 1)) for d in args.device if ":" in d]
-    check_requirements(requirements, args.cuda or "", args.driver or "", devices, disabled)
-    return {"requirements": ",".join(sorted(requirements)) or "none", "disabled": disabled}
+    driver, cuda, found = args.driver or "", args.cuda or "", None
+    if requirements and not disabled:
+        from nvshim.hook.cudacompat import in_image, judged_versions
+
+        # the claim spec's enable-cuda-compat step has the host driver only (host.edits)
+        try:
+            found = in_image(rootfs_path(spec, state.bundle), driver)
+        except NvshimError:
+            found = None  # no root to look at: the host's driver it is
+        driver, cuda = judged_versions(found, driver, cuda)
+    check_requirements(requirements, cuda, driver, devices, disabled)
+    fields = {"requirements": ",".join(sorted(requirements)) or "none", "disabled": disabled}
+    if found is not None:
+        fields["cuda_compat"] = found.version
+    return fields
 
 
 def _run(args: HookArgs, state, ctx: Context) -> dict | None:

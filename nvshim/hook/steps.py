@@ -53,7 +53,20 @@ def _host_ldcache(args: HookArgs, ctx: Context) -> None:
     if ctx.ldconfig_fd is None:
         from nvshim.hook.ldconfig import open_host_ldconfig
 
-        ctx.ldconfig_fd = open_host_ldconfig(args.ldconfig)
+        ctx.ldconfig_fd = open_host_ldconfig(real_ldconfig(args.ldconfig))
+
+
+def real_ldconfig(path: str | None) -> str | None:
+    """NVIDIA's rule for the host's ldconfig: ``PATH.real`` when it exists (hosts such as
+    Ubuntu, where ``/sbin/ldconfig`` is a wrapper script around it). Without ``path``: the
+    first default with a ``.real`` beside it, else None (the defaults, in order)."""
+    if not path:
+        from nvshim.hook.ldconfig import HOST_LDCONFIG
+
+        real = (c + ".real" for c in HOST_LDCONFIG if os.path.exists(c + ".real"))
+        return next(real, None)
+    base = path.removesuffix(".real")
+    return base + ".real" if os.path.exists(base + ".real") else base
 
 
 def _host_params(args: HookArgs, ctx: Context) -> None:

@@ -7,8 +7,6 @@ it in the parent's fd); a directory there is an error.
 
 from __future__ import annotations
 
-import os
-
 from nvshim.errors import NvshimError
 from nvshim.hook.fsroot import RootFS, RootPathError, normalize
 
@@ -28,40 +26,20 @@ def create_symlinks(root: RootFS, specs: list[str]) -> dict[str, str]:
     """Create each ``TARGET::LINK`` (missing parents made); identical links are fine and
     other files already at LINK are replaced. Returns log fields."""
     links = [parse_link(s) for s in specs]
-    outcome: dict[str, list[str]] = {"created": [], "exists": [], "kept": []}
+    outcome: dict[str, list[str]] = {"created": [], "exists": [], "replaced": []}
     for target, link in links:
         try:
             kind = root.symlink(target, link)
             if kind == "kept":
-                kind = _replace(root, target, link)
+                root.replace_symlink(target, link)
+                kind = "replaced"
             outcome[kind].append(link)
         except (OSError, RootPathError) as err:
             raise NvshimError(f"--link {target}::{link}: {_reason(err)}") from None
     fields = {"links_created": len(outcome["created"]), "links_existing": len(outcome["exists"])}
-    if outcome["kept"]:
-        fields["links_replaced"] = ",".join(outcome["kept"])
+    if outcome["replaced"]:
+        fields["links_replaced"] = ",".join(outcome["replaced"])
     return fields
-
-
-def _replace(root: RootFS, target: str, link: str) -> str:
-    """Replace what is at ``link`` by a symlink to ``target`` (renameat in the parent's
-    fd: never follows what was there). Returns ``kept`` (the log's "replaced")."""
-    pfd, name = root.parent(link)
-    tmp = f".{name}.nvshim-{os.getpid()}.link"
-    try:
-        try:
-            os.unlink(tmp, dir_fd=pfd)
-        except FileNotFoundError:
-            pass
-        os.symlink(target, tmp, dir_fd=pfd)
-        try:
-            os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-        except OSError:
-            os.unlink(tmp, dir_fd=pfd)
-            raise
-    finally:
-        os.close(pfd)
-    return "kept"
 
 
 def _reason(err: Exception) -> str:

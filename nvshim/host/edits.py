@@ -62,6 +62,9 @@ def common_edits(host: Host, capabilities: Iterable[str], hook_path: str) -> Con
         hooks.append(hook_entry(hook_path, "createContainer", "create-symlinks", *args))
     folders = sorted({os.path.dirname(f.path) for f in chosen if f.kind == "lib"})
     if folders:
+        if host.driver_version:  # before update-ldcache: it puts an enabled compat folder first
+            compat = f"--host-driver-version={host.driver_version}"  # as NVIDIA's generator
+            hooks.append(hook_entry(hook_path, "createContainer", "enable-cuda-compat", compat))
         args = [a for d in folders for a in ("--folder", d)]
         hooks.append(hook_entry(hook_path, "createContainer", "update-ldcache", *args))
     hooks.append(hook_entry(hook_path, "createContainer", "disable-device-node-modification"))

@@ -25,10 +25,12 @@ class Selection:
     log: dict[str, Any] = field(default_factory=dict)
 
 
-def select(request, host: Host | None, config: Config) -> Selection:
-    """Resolve the request's devices, check requirements, and build the edits.
+def select(request, host: Host | None, config: Config, rootfs: str | None = None) -> Selection:
+    """Resolve the request's devices, build the edits and check requirements.
 
     ``host`` None: the cached inventory, loaded only when the request is honoured.
+    ``rootfs``: the image root (host path); requirements are then judged against the
+    driver the container will use, the image's CUDA compat library when it applies.
     Raises NvshimError (RequestError/RequirementError) when the request cannot be met.
     """
     from nvshim.host.edits import common_edits, devices_edits
@@ -53,16 +55,24 @@ def select(request, host: Host | None, config: Config) -> Selection:
             # only other vendors' devices (or no known GPU node): no NVIDIA driver
             log["devices"] = "none"
             return Selection(foreign, [], log)
-    check_requirements(
-        request.requirements,
-        host.cuda_version,
-        host.driver_version,
-        requirement_facts(host, devices),
-        disable=request.disable_require,
-    )
     caps = request.capabilities
     edits = common_edits(host, caps, config.get("runtime", "hook-path")).merge(
         devices_edits(devices, host)
+    )
+    driver, cuda = host.driver_version, host.cuda_version
+    if rootfs and request.requirements and not request.disable_require:
+        from nvshim.hook.cudacompat import for_hooks, judged_versions
+
+        found = for_hooks(rootfs, edits.hooks)  # the driver the container will really use
+        driver, cuda = judged_versions(found, driver, cuda)
+        if found is not None:
+            log["cuda_compat"] = found.version
+    check_requirements(
+        request.requirements,
+        cuda,
+        driver,
+        requirement_facts(host, devices),
+        disable=request.disable_require,
     )
     if foreign is not None:
         edits = edits.merge(foreign)
@@ -117,11 +127,19 @@ def load_host_for(config: Config) -> Host:
     return load_host(config.driver_root, config.dev_root, config.get("runtime", "state-dir"))
 
 
-def edits_for_spec(spec: dict[str, Any], config: Config, host: Host | None = None):
-    """The selection for an OCI spec, or None when the container asks for no GPU."""
+def edits_for_spec(
+    spec: dict[str, Any], config: Config, host: Host | None = None, bundle: str | None = None
+):
+    """The selection for an OCI spec, or None when the container asks for no GPU.
+    ``bundle``: where the spec lives (its root is looked at for CUDA compat libraries)."""
     from nvshim.policy.request import request_from_spec
 
     request = request_from_spec(spec, config.values["policy"])
     if request is None:
         return None
-    return select(request, host, config)
+    rootfs = None
+    if bundle is not None and request.requirements:
+        from nvshim.hook.state import rootfs_path
+
+        rootfs = rootfs_path(spec, bundle)
+    return select(request, host, config, rootfs)

@@ -78,7 +78,7 @@ def prepare_bundle(
     from nvshim.policy.select import edits_for_spec
 
     try:
-        selection = edits_for_spec(spec, config)
+        selection = edits_for_spec(spec, config, bundle=bundle)
     except NvshimError as err:
         log_decision(
             config, TOOL, container_id, error=err, echo=False, annotations=pod, bundle=bundle

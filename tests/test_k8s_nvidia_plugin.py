@@ -137,7 +137,7 @@ def node(k8s, tmp_path_factory):
     try:
         yield state
     finally:
-        state.plugin.stop()
+        state.plugin.clean()
         uninstall(state)
         change_host(k8s, k8s.sim_name)  # the shipped host back for the other tests
 

@@ -34,6 +34,7 @@ from tests.k8s.cluster import DRIVER_ROOT, NODE_NAME, ClusterError
 CHECKPOINT = "device-plugins/kubelet_internal_checkpoint"  # under the kubelet's root dir
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 CONFIG_PATH = "/etc/nvidia-device-plugin.yaml"  # inside the cluster (its /etc overlay)
+SPEC = "/run/cdi/k8s.device-plugin.nvidia.com-gpu.json"  # the plugin's own CDI spec
 BASE_TOPOLOGY = os.path.join(REPO, "tests", "sim", "hosts", "h100x8-mig.yaml")
 
 # In a mount namespace of its own: the simulated host's /proc/driver (MIG capabilities,
@@ -249,6 +250,15 @@ class NvidiaPlugin:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.proc = None
+
+    def clean(self) -> None:
+        """Stop it and remove what it left on the node: its CDI spec and config file."""
+        self.stop()
+        for inside in (SPEC, CONFIG_PATH):
+            try:
+                os.unlink(self.k8s.path(inside))
+            except FileNotFoundError:
+                pass
 
     def log(self, tail: int = 6000) -> str:
         try:

@@ -6,8 +6,13 @@ MIG devices (by UUID) and answers Allocate the way that plugin does for each
 - ``envvar``: ``NVIDIA_VISIBLE_DEVICES=<ids>`` in the container's environment;
 - ``volume-mounts``: ``/dev/null`` mounted at ``/var/run/nvidia-container-devices/<id>``
   (and ``NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices``);
-- ``cdi-annotations``: the container annotation ``cdi.k8s.io/nvidia-device-plugin_<n>``
-  naming ``nvidia.com/gpu=<id>``.
+- ``cdi-annotations``: the container annotation ``cdi.k8s.io/nvidia-device-plugin_<uuid>``
+  naming ``k8s.device-plugin.nvidia.com/gpu=<id>`` (names of the spec the real plugin
+  writes; this stand-in writes none, so a runtime has nothing to resolve them in).
+
+Each form is held to the real plugin's answer (v0.20.0, ../shared/nvidia) by
+tests/test_k8s_nvidia_plugin.py, which compares ``allocation`` with what the kubelet
+kept of the real plugin's Allocate.
 
 The messages are built from descriptors here (no generated code, no protoc); gRPC is the
 real library over the kubelet's real sockets.
@@ -26,6 +31,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 VERSION = "v1beta1"
 DEVICES_DIR = "/var/run/nvidia-container-devices"
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations")
+CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"  # the real plugin's spec's kind
+CDI_ANNOTATION = "cdi.k8s.io/nvidia-device-plugin_"
 
 _F = descriptor_pb2.FieldDescriptorProto
 _MESSAGES = {
@@ -110,11 +117,13 @@ def allocation(strategy: str, ids: list[str], serial: int) -> object:
         out.envs["NVIDIA_VISIBLE_DEVICES"] = DEVICES_DIR
         for device in ids:
             out.mounts.add(
-                container_path=f"{DEVICES_DIR}/{device}", host_path="/dev/null", read_only=True
-            )
+                container_path=f"{DEVICES_DIR}/{device}", host_path="/dev/null"
+            )  # read-write, as the real plugin mounts it
     elif strategy == "cdi-annotations":
-        names = ",".join(f"nvidia.com/gpu={device}" for device in ids)
-        out.annotations[f"cdi.k8s.io/nvidia-device-plugin_{serial}"] = names
+        import uuid
+
+        names = ",".join(f"{CDI_KIND}={device}" for device in ids)
+        out.annotations[f"{CDI_ANNOTATION}{uuid.uuid4()}"] = names
     else:
         raise ValueError(strategy)
     return out

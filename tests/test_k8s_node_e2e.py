@@ -5,7 +5,8 @@ driver root is the simulated 8 x H100 host (GPUs 6 and 7 in MIG mode), issues 23
 apply the engine's overlay (containerd, crio) plus only a test overlay for the environment
 (the simulated driver root, the image tag), ``rollout status``, the documented smoke pod; the device
 plugin's request forms (tests/fake_device_plugin.py answers Allocate as NVIDIA's plugin
-does: volume-mounts, cdi-annotations, envvar), each getting exactly its GPU or MIG device,
+does: volume-mounts, envvar; the cdi forms with the real plugin in
+tests/test_k8s_nvidia_plugin.py), each getting exactly its GPU or MIG device,
 or refused with the reason in the pod's events; a GPU init container and two GPU
 containers in one pod; ``kubectl exec``; a read-only root; the exporter scraped at its
 pod IP; a rolling update to a second image tag with a GPU pod running; kill -9 of the
@@ -47,7 +48,6 @@ SHOW = "ls /dev /dev/nvidia-caps 2>/dev/null; echo CVD=$CUDA_VISIBLE_DEVICES"
 GPU_LABEL = "nvidia.com/gpu.present"
 PLUGINS = {  # resource -> strategy, which devices (whole GPUs 0-5, or the 1g.10gb MIGs)
     "nvidia.com/gpu": ("volume-mounts", "gpus"),
-    "nvshim.test/gpu-cdi": ("cdi-annotations", "gpus"),
     "nvshim.test/gpu-env": ("envvar", "gpus"),
     "nvidia.com/mig-1g.10gb": ("volume-mounts", "migs"),
 }
@@ -258,6 +258,15 @@ def install(k8s, overlay, node_class: type) -> Node:
     return state
 
 
+def uninstall(state: Node) -> None:
+    """Take back what ``install`` did (the namespace without waiting)."""
+    k8s = state.k8s
+    k8s.kubectl("delete", "namespace", state.ns, "--wait=false", check=False)
+    k8s.kubectl("delete", "-k", state.overlay, "--ignore-not-found", "--wait=true",
+                check=False, timeout=400)  # fmt: skip
+    k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}-", check=False)
+
+
 @pytest.fixture(scope="module")
 def node(k8s, tmp_path_factory):
     """nvshim installed the documented way: label the node, apply the engine's overlay
@@ -286,10 +295,7 @@ def node(k8s, tmp_path_factory):
     finally:
         for plugin in state.plugins.values():
             plugin.stop()
-        k8s.kubectl("delete", "namespace", state.ns, "--wait=false", check=False)
-        k8s.kubectl("delete", "-k", state.overlay, "--ignore-not-found", "--wait=true",
-                    check=False, timeout=400)  # fmt: skip
-        k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}-", check=False)
+        uninstall(state)
 
 
 def test_installed_on_the_node(node):
@@ -318,9 +324,7 @@ def test_the_documented_smoke_pod(node):
     assert f"CUDA_VISIBLE_DEVICES={gpu0['uuid']}" in out
 
 
-@pytest.mark.parametrize(
-    "resource", ["nvidia.com/gpu", "nvshim.test/gpu-cdi", "nvidia.com/mig-1g.10gb"]
-)
+@pytest.mark.parametrize("resource", ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"])
 def test_device_plugin_forms_get_exactly_their_device(node, resource):
     plugin = node.plugins[resource]
     name = "dp-" + re.sub(r"[^a-z0-9]+", "-", resource.lower())

@@ -12,6 +12,7 @@ DaemonSet (``overlays/containerd``, ``overlays/crio``), issues 27 and 31:
   strategies (whole GPUs, mixed, single): nvshim's CDI spec follows within seconds
   (the installer's loop), and a pod asking the restarted plugin for a new MIG device gets
   it; a driver upgrade likewise;
+- docs/gpu-operator.md's shapes, read from the page (containerd);
 - on CRI-O (OpenShift's engine): every list strategy under MIG mixed, and the OpenShift
   GPU-sharing guide's ``time-slicing-config`` ConfigMap with replicas as the plugin's
   config: each pod gets the GPU its replica belongs to.
@@ -22,6 +23,7 @@ install per version, one plugin restart and one pod per matrix cell.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -30,8 +32,25 @@ import yaml
 
 from tests.k8s.artifacts import ENGINES
 from tests.k8s.cluster import NODE_NAME
-from tests.k8s.nvidia_plugin import NvidiaPlugin, allocated, change_host, layout
-from tests.test_k8s_node_e2e import GPU_LABEL, Node, assert_refused, container, install
+from tests.k8s.nvidia_plugin import (
+    NvidiaPlugin,
+    allocate_response,
+    allocated,
+    change_host,
+    layout,
+)
+from tests.sim import fake_mps_control
+from tests.test_k8s_node_e2e import (
+    KUBE,
+    SHOW,
+    Node,
+    _set_sharing,
+    _sharing_configmap,
+    assert_refused,
+    container,
+    install,
+    uninstall,
+)
 
 HOOK = "/usr/local/nvshim/bin/nvshim-hook"
 NVSHIM_SPEC = "/run/cdi/nvshim.yaml"
@@ -45,6 +64,7 @@ MIG = {
     "single": ("single", ("nvidia.com/gpu",)),
 }
 CELLS = [(m, lst, ids) for m in MIG for lst in LISTS for ids in IDS]
+STAND_IN = ("volume-mounts", "cdi-annotations", "envvar")  # tests/fake_device_plugin.py's
 CRIO_CELLS = [("mixed", lst, "uuid") for lst in LISTS]  # OpenShift's MIG mixed
 
 
@@ -60,8 +80,8 @@ def k8s(request, k8s_clusters):
 
 def wanted(item) -> bool:
     """The matrix on both containerd versions and its MIG-mixed row on CRI-O; the
-    OpenShift shapes on CRI-O; the host changes on containerd (tests/conftest.py drops
-    the rest)."""
+    OpenShift shapes on CRI-O; the host changes and the GPU Operator page on containerd
+    (tests/conftest.py drops the rest)."""
     engine = item.callspec.params["k8s"]
     name = item.originalname
     if name == "test_strategy_matrix":
@@ -80,12 +100,18 @@ class PluginNode(Node):
         self.plugin = NvidiaPlugin(k8s)
         self.layout = ""
         self.ns = "nvp"
+        # the simulated host's MPS control: the fake daemon, run by the installer image's
+        # interpreter (tests/sim/fake_mps_control), kept across host changes
+        ((path, text),) = fake_mps_control.extra_files().items()
+        self.extra_files = {
+            path: text.replace("#!/usr/bin/python3", "#!/opt/nvshim/bin/python3", 1)
+        }
 
     def set_host(self, topology: dict, name: str, timeout: float = 30.0) -> float:
         """Change the simulated host; wait until nvshim's CDI spec names exactly its
         devices; the seconds that took."""
         started = time.monotonic()
-        change_host(self.k8s, topology)
+        change_host(self.k8s, topology, self.extra_files)
         topo = self.k8s.sim.topology
         self.gpus = {g["uuid"]: g for g in topo["gpus"]}
         self.migs = {m["uuid"]: (g, m) for g in topo["gpus"] for m in g.get("mig_devices", [])}
@@ -113,6 +139,12 @@ class PluginNode(Node):
         self.layout = name
         return time.monotonic() - started
 
+    def use_layout(self, name: str) -> None:
+        """The host in layout ``name`` (``tests/k8s/nvidia_plugin.layout``)."""
+        if self.layout != name:
+            seconds = self.set_host(layout(name), name)
+            print(f"nvshim's CDI spec followed the host to {name} in {seconds:.1f} s")
+
     def device(self, device_id: str) -> str:
         """The UUID of a device id the plugin handed out (a UUID, ``<gpu>``, or
         ``<gpu>:<mig>``; a time-slicing replica's ``::<n>`` dropped)."""
@@ -129,17 +161,14 @@ class PluginNode(Node):
 
 @pytest.fixture(scope="module")
 def node(k8s, tmp_path_factory):
-    """nvshim installed the documented way (the engine's overlay through the test overlay
+    """nvshim installed the documented way (overlays/containerd through the test overlay
     that sets only the environment), the host in the plugin's mixed layout."""
     state = install(k8s, tmp_path_factory.mktemp("overlay"), PluginNode)
     try:
         yield state
     finally:
-        state.plugin.stop()
-        k8s.kubectl("delete", "namespace", state.ns, "--wait=false", check=False)
-        k8s.kubectl("delete", "-k", state.overlay, "--ignore-not-found", "--wait=true",
-                    check=False, timeout=400)  # fmt: skip
-        k8s.kubectl("label", "node", NODE_NAME, f"{GPU_LABEL}-", check=False)
+        state.plugin.clean()
+        uninstall(state)
         change_host(k8s, k8s.sim_name)  # the shipped host back for the other tests
 
 
@@ -167,22 +196,17 @@ def expect_exact(node: PluginNode, pod: str, cname: str, resource: str) -> str:
     return uuid
 
 
-@pytest.mark.parametrize("mig_strategy,list_strategy,id_strategy", CELLS,
-                         ids=["-".join(c) for c in CELLS])  # fmt: skip
-def test_strategy_matrix(node, mig_strategy, list_strategy, id_strategy):
-    host, resources = MIG[mig_strategy]
-    if node.layout != host:
-        seconds = node.set_host(layout(host), host)
-        print(f"nvshim's CDI spec followed the host to {host} in {seconds:.1f} s")
-    node.plugin.start(plugin_flags(list_strategy, id_strategy, mig_strategy), resources=resources)
-    name = f"{mig_strategy}-{list_strategy}-{id_strategy}"
-    containers = [container(f"c{i}", resource=r) for i, r in enumerate(resources)]
+def check_pod(node: PluginNode, name: str, resources, list_strategy: str, show: str = SHOW):
+    """Run a pod with one container per resource; check what each container got against
+    the checkpoint (or the refusal, or containerd 1.6's lack of CDI); the UUIDs seen."""
+    containers = [container(f"c{i}", show, resource=r) for i, r in enumerate(resources)]
     node.pod(name, containers)
+    uuids: list[str] = []
     if list_strategy == "envvar":
-        assert_refused(node, name)
+        assert_refused(node, name)  # (CRI-O retries the create: the pod stays Pending)
         events = node.events(name)
         assert "NVIDIA_VISIBLE_DEVICES=" in events and "not honoured" in events, events
-        return
+        return uuids
     phase = node.done(name)
     if list_strategy == "cdi-cri" and node.k8s.name == "1.6":
         # containerd 1.6 has no CDI: the kubelet's CDIDevices never reach the runtime
@@ -190,11 +214,41 @@ def test_strategy_matrix(node, mig_strategy, list_strategy, id_strategy):
         for i, _resource in enumerate(resources):
             nodes, cvd = node.view(node.logs(name, f"c{i}"))
             assert not nodes and not cvd, nodes
-        return
-    assert phase == "Succeeded", node.events(name) + node.plugin.log(2000)
-    uuids = [expect_exact(node, name, f"c{i}", r) for i, r in enumerate(resources)]
+    else:
+        assert phase == "Succeeded", node.events(name) + node.plugin.log(2000)
+        uuids = [expect_exact(node, name, f"c{i}", r) for i, r in enumerate(resources)]
+    return uuids
+
+
+@pytest.mark.parametrize("mig_strategy,list_strategy,id_strategy", CELLS,
+                         ids=["-".join(c) for c in CELLS])  # fmt: skip
+def test_strategy_matrix(node, mig_strategy, list_strategy, id_strategy):
+    host, resources = MIG[mig_strategy]
+    node.use_layout(host)
+    node.plugin.start(plugin_flags(list_strategy, id_strategy, mig_strategy), resources=resources)
+    name = f"{mig_strategy}-{list_strategy}-{id_strategy}"
+    uuids = check_pod(node, name, resources, list_strategy)
     assert len(set(uuids)) == len(uuids)
+    if list_strategy in STAND_IN and id_strategy == "uuid":  # the stand-in names UUIDs
+        hold_stand_in(node, name, list_strategy)
     node.kubectl("delete", "pod", "-n", node.ns, name, "--wait=false")
+
+
+def hold_stand_in(node: PluginNode, pod: str, list_strategy: str) -> None:
+    """tests/fake_device_plugin.py answers Allocate as the real plugin did here."""
+    from tests.fake_device_plugin import CDI_ANNOTATION, M, allocation
+
+    def shape(response) -> tuple:
+        keys = {k[: len(CDI_ANNOTATION)] if k.startswith(CDI_ANNOTATION) else k
+                for k in response.annotations}  # fmt: skip
+        mounts = [(m.container_path, m.host_path, m.read_only) for m in response.mounts]
+        return dict(response.envs), mounts, keys, sorted(response.annotations.values())
+
+    ids = next(iter(allocated(node.k8s, node.ns, pod, "c0").values()))
+    real = M["ContainerAllocateResponse"].FromString(
+        allocate_response(node.k8s, node.ns, pod, "c0")
+    )
+    assert shape(allocation(list_strategy, ids, 0)) == shape(real)
 
 
 def test_new_mig_device_after_a_relayout(node):
@@ -218,13 +272,113 @@ def test_driver_upgrade_is_followed(node):
     print(f"nvshim's CDI spec followed the driver upgrade in {seconds:.1f} s")
     assert seconds < 15
     node.plugin.start(plugin_flags("volume-mounts", "uuid", "mixed"))
-    show = "ls /usr/lib/x86_64-linux-gnu; " + container("x")["command"][2]
+    show = "ls /usr/lib/x86_64-linux-gnu; " + SHOW
     node.pod("upgraded", [container("c0", show, resource="nvidia.com/gpu")])
     assert node.done("upgraded") == "Succeeded", node.events("upgraded")
     out = node.logs("upgraded")
     assert "libcuda.so.550.127.05" in out and "libcuda.so.550.90.12" not in out, out
     expect_exact(node, "upgraded", "c0", "nvidia.com/gpu")
     assert re.search(r"^CVD=GPU-", out, re.M)
+
+
+# -- the GPU Operator page's shapes (docs/gpu-operator.md), read from the page --------------
+
+PAGE = os.path.join(os.path.dirname(KUBE), "..", "docs", "gpu-operator.md")
+GFD_PRODUCT = "nvidia.com/device-plugin.config"  # the label the plugin's config-manager reads
+
+
+def page_shapes() -> dict[str, list[dict]]:
+    """``{shape: [helm values, other objects...]}``: each ``<!-- shape: NAME -->`` block."""
+    with open(PAGE, encoding="utf-8") as fh:
+        text = fh.read()
+    found = re.findall(r"<!-- shape: ([\w-]+) -->\n```yaml\n(.*?)```", text, re.S)
+    return {name: list(yaml.safe_load_all(body)) for name, body in found}
+
+
+SHAPES = page_shapes()
+
+
+def shape_settings(node: PluginNode, docs: list[dict]) -> tuple[dict, str | None, str]:
+    """The device plugin's environment, config file text and MIG strategy the GPU
+    Operator gives it for these values (``devicePlugin.env``, ``mig.strategy`` as
+    ``MIG_STRATEGY``, the ``devicePlugin.config`` ConfigMap key its config-manager picks:
+    the node's ``nvidia.com/device-plugin.config`` label, else ``default``)."""
+    values, *objects = docs
+    assert values["toolkit"]["enabled"] is False  # nvshim replaces the toolkit
+    plugin = values.get("devicePlugin", {})
+    env = {e["name"]: e["value"] for e in plugin.get("env", [])}
+    if "mig" in values:
+        env["MIG_STRATEGY"] = values["mig"]["strategy"]
+    config = None
+    if "config" in plugin:
+        maps = {o["metadata"]["name"]: o for o in objects if o.get("kind") == "ConfigMap"}
+        data = maps[plugin["config"]["name"]]["data"]
+        labels = node.k8s.get("node", NODE_NAME)["metadata"].get("labels", {})
+        key = labels.get(GFD_PRODUCT) or plugin["config"]["default"]
+        config = data[key]
+    flags = (yaml.safe_load(config) or {}).get("flags", {}) if config else {}
+    mig = env.get("MIG_STRATEGY") or flags.get("migStrategy") or "none"
+    return env, config, mig
+
+
+def mps_running(node: PluginNode, uuid: str) -> int | None:
+    path = node.k8s.path(f"/run/nvshim/mps/{uuid}/pipe/nvidia-cuda-mps-control.pid")
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_gpu_operator_shape(node, shape):
+    """Each shape of docs/gpu-operator.md, its values applied to the real plugin as the
+    GPU Operator applies them; sharing shapes put two pods' containers on replicas."""
+    docs = SHAPES[shape]
+    sharing = next((o for o in docs[1:] if o["metadata"]["name"] == "nvshim-sharing"), None)
+    labelled = shape == "time-slicing-openshift"
+    if labelled:  # the node's GPU model, as GPU feature discovery spells it
+        model = node.k8s.sim.topology["gpus"][0]["name"].replace(" ", "-")
+        node.kubectl("label", "node", NODE_NAME, f"{GFD_PRODUCT}={model}", "--overwrite")
+    original = None
+    try:
+        env, config, mig = shape_settings(node, docs)
+        host, resources = MIG[mig]
+        node.use_layout(host)
+        if sharing is not None:
+            name = _sharing_configmap(node)  # the overlay's generated name
+            original = node.k8s.get("configmap", "-n", "nvshim", name)["data"]["sharing.yaml"]
+            _set_sharing(node, sharing["data"]["sharing.yaml"])
+        node.plugin.start(env=env, config=config, resources=resources)
+        replicas = config is not None and "timeSlicing" in config
+        wanted = list(resources) + (["nvidia.com/gpu"] if replicas else [])
+        show = SHOW + "; env | grep ^CUDA_MPS_ | sort"
+        lst = env.get("DEVICE_LIST_STRATEGY", "envvar")
+        uuids = check_pod(node, f"shape-{shape}", wanted, lst, show)
+        if replicas:
+            for c in (0, len(wanted) - 1):
+                ids = allocated(node.k8s, node.ns, f"shape-{shape}", f"c{c}")["nvidia.com/gpu"]
+                assert all("::" in i for i in ids), ids
+        if sharing is not None:
+            out = node.logs(f"shape-{shape}", "c0")
+            assert mps_running(node, uuids[0]), out
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in out, out
+            assert "CUDA_MPS_PIPE_DIRECTORY=" in out, out
+            # a driver upgrade restarts the daemons within seconds (the installer's loop)
+            before = mps_running(node, uuids[0])
+            node.set_host(layout(host, driver_version="550.127.05"), "upgraded")
+            deadline = time.monotonic() + 15
+            while mps_running(node, uuids[0]) in (None, before):
+                assert time.monotonic() < deadline, node.kubectl(
+                    "-n", "nvshim", "logs", "daemonset/nvshim-node", "-c", "nvshim-node"
+                ).stdout[-3000:]
+                time.sleep(0.2)
+    finally:
+        node.kubectl("delete", "pod", "-n", node.ns, f"shape-{shape}", "--wait=false", check=False)
+        if labelled:
+            node.kubectl("label", "node", NODE_NAME, f"{GFD_PRODUCT}-", check=False)
+        if original is not None:
+            _set_sharing(node, original)
 
 
 # OpenShift's GPU-sharing guide: the time-slicing config as a ConfigMap (its key names the
@@ -244,8 +398,7 @@ sharing:
 
 def test_openshift_time_slicing_config_with_replicas(node):
     k8s = node.k8s
-    if node.layout != "mixed":
-        node.set_host(layout("mixed"), "mixed")
+    node.use_layout("mixed")
     k8s.apply({"apiVersion": "v1", "kind": "ConfigMap",
                "metadata": {"name": "time-slicing-config", "namespace": node.ns},
                "data": {"any": TIME_SLICING}})  # fmt: skip

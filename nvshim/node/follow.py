@@ -17,6 +17,7 @@ from nvshim.node import steps
 from nvshim.node.env import NodeSettings
 
 INTERVAL = 1.0  # seconds between looks at the host (a few stat calls)
+RETRY = 30.0  # seconds before a failed discovery of an unchanged host is tried again
 
 
 def host_key(s: NodeSettings) -> dict:
@@ -37,7 +38,8 @@ class HostWatch:
 
     ``restart_mps(host)`` is called with the new host when MPS is supervised. The key is
     taken before discovery, so a change during discovery is seen on the next look; a
-    discovery that fails keeps the old spec and is tried again on the next look."""
+    discovery that fails keeps the old spec and is tried again when the host changes
+    again, or after ``RETRY`` seconds."""
 
     def __init__(
         self, s: NodeSettings, say: Callable[[str], None], key: dict | None = None
@@ -45,11 +47,16 @@ class HostWatch:
         self.s = s
         self.say = say
         self.key = key if key is not None else host_key(s)
+        self.failed: tuple[dict, float] | None = None  # (key, when) of a failed attempt
 
     def look(self, restart_mps: Callable[[object], None] | None = None) -> object | None:
         """Follow a change if there was one; the new host, or None."""
+        import time
+
         key = host_key(self.s)
         if key == self.key:
+            return None
+        if self.failed and self.failed[0] == key and time.monotonic() - self.failed[1] < RETRY:
             return None
         self.say(f"host changed ({_changes(self.key, key)}): discovering it again")
         try:
@@ -61,9 +68,11 @@ class HostWatch:
             if restart_mps is not None:
                 restart_mps(host)
         except (NvshimError, OSError) as err:
-            self.say(f"error: following the host change: {err}; trying again")
+            self.say(f"error: following the host change: {err}; the previous spec stays, "
+                     "trying again when the host changes again")  # fmt: skip
+            self.failed = (key, time.monotonic())
             return None
-        self.key = key
+        self.key, self.failed = key, None
         gpus = len(host.gpus)
         migs = len(host.mig_devices())
         self.say(f"now driver {host.driver_version}, {gpus} GPU(s), {migs} MIG device(s)")

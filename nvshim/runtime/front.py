@@ -9,8 +9,9 @@ the global flags (runc's table, from ``nvshim.runtime.args``) up to the command 
   the container id, then has nvshim edit the bundle unless ``config.json`` is a regular
   file in which ``grep -F`` finds none of the words that could make nvshim edit it
   (``nvshim.policy.request_triggers``: ``NVIDIA_``, ``CUDA_VERSION``, the configured CDI
-  kind, JSON escapes...). A spec that cannot ask for a GPU is left byte-identical by
-  Python anyway, so it goes to the low-level runtime directly; so does a help request.
+  kind and annotation prefixes, ``/dev/nvidia``, JSON escapes...). A spec that cannot ask
+  for a GPU is left byte-identical by Python anyway, so it goes to the low-level runtime
+  directly; so does a help request.
   One that may ask for a GPU goes to ``nvshim-runtimed`` through a slot
   (``nvshim.runtime.slots``: no interpreter at all), else to Python. One that cannot ask
   for a GPU but has an exec marker left for its id (a container nvshim prepared once,

@@ -34,6 +34,7 @@ from tests.k8s.cluster import DRIVER_ROOT, NODE_NAME, ClusterError
 CHECKPOINT = "device-plugins/kubelet_internal_checkpoint"  # under the kubelet's root dir
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 CONFIG_PATH = "/etc/nvidia-device-plugin.yaml"  # inside the cluster (its /etc overlay)
+SPEC = "/run/cdi/k8s.device-plugin.nvidia.com-gpu.json"  # the plugin's own CDI spec
 BASE_TOPOLOGY = os.path.join(REPO, "tests", "sim", "hosts", "h100x8-mig.yaml")
 
 # In a mount namespace of its own: the simulated host's /proc/driver (MIG capabilities,
@@ -116,12 +117,13 @@ def layout(name: str, driver_version: str | None = None) -> dict:
     return copy.deepcopy(topo)
 
 
-def change_host(k8s, topology: str | dict) -> None:
+def change_host(k8s, topology: str | dict, extra_files: dict | None = None) -> None:
     """Change the cluster's simulated host under the running cluster (its driver root
-    ``/run/nvidia/driver`` is a bind mount of the built host: rebuilt in place)."""
+    ``/run/nvidia/driver`` is a bind mount of the built host: rebuilt in place, with
+    ``extra_files`` as ``build_host`` takes them)."""
     from tests.sim.simhost import rebuild_host
 
-    k8s.sim = rebuild_host(k8s.sim, topology)
+    k8s.sim = rebuild_host(k8s.sim, topology, extra_files)
 
 
 # -- the kubelet's record ------------------------------------------------------------------
@@ -143,6 +145,18 @@ def allocated(k8s, namespace: str, pod: str, container: str) -> dict[str, list[s
     """What the checkpoint says the plugin gave ``container`` of ``pod``."""
     uid = k8s.get("pod", "-n", namespace, pod)["metadata"]["uid"]
     return checkpoint(k8s).get((uid, container), {})
+
+
+def allocate_response(k8s, namespace: str, pod: str, container: str) -> bytes:
+    """The plugin's ``ContainerAllocateResponse`` for ``container`` of ``pod`` as the
+    kubelet keeps it (serialized protobuf)."""
+    import base64
+
+    uid = k8s.get("pod", "-n", namespace, pod)["metadata"]["uid"]
+    with open(os.path.join(str(k8s.workdir), "kubelet", CHECKPOINT), encoding="utf-8") as fh:
+        entries = json.load(fh)["Data"].get("PodDeviceEntries") or []
+    (entry,) = [e for e in entries if (e["PodUID"], e["ContainerName"]) == (uid, container)]
+    return base64.b64decode(entry["AllocResp"])
 
 
 # -- the plugin ----------------------------------------------------------------------------
@@ -236,6 +250,15 @@ class NvidiaPlugin:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.proc = None
+
+    def clean(self) -> None:
+        """Stop it and remove what it left on the node: its CDI spec and config file."""
+        self.stop()
+        for inside in (SPEC, CONFIG_PATH):
+            try:
+                os.unlink(self.k8s.path(inside))
+            except FileNotFoundError:
+                pass
 
     def log(self, tail: int = 6000) -> str:
         try:

@@ -159,11 +159,13 @@ def build_host(
     )
 
 
-def rebuild_host(sim: SimHost, topology: str | dict) -> SimHost:
+def rebuild_host(
+    sim: SimHost, topology: str | dict, extra_files: dict[str, bytes | str] | None = None
+) -> SimHost:
     """Change a built host in place, as a MIG re-layout (mig-manager) or a driver upgrade
     (the driver container) changes a live node: everything under its roots is replaced by
-    ``topology``'s host while the roots themselves stay (so bind mounts of them, such as a
-    test cluster's driver root, see the change)."""
+    ``topology``'s host (and ``extra_files``, as ``build_host``) while the roots themselves
+    stay (so bind mounts of them, such as a test cluster's driver root, see the change)."""
     for root in dict.fromkeys((sim.driver_root, sim.dev_root)):
         for entry in os.scandir(root):
             if entry.is_dir(follow_symlinks=False):
@@ -171,7 +173,7 @@ def rebuild_host(sim: SimHost, topology: str | dict) -> SimHost:
             else:
                 os.unlink(entry.path)
     dev_root = None if sim.dev_root == sim.driver_root else sim.dev_root
-    return build_host(topology, sim.driver_root, dev_root)
+    return build_host(topology, sim.driver_root, dev_root, extra_files)
 
 
 def main(argv: list[str] | None = None) -> int:

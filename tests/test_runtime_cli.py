@@ -553,17 +553,22 @@ def test_stale_exec_marker_goes_to_python(front):
 
 
 def test_configured_cdi_kind_follows_config_edits(front):
+    """A CDI annotation of any vendor goes to Python (issue 27: no CDI request dropped): a
+    name no spec defines is refused; once the config makes it nvshim's own kind, the same
+    create is edited; the front's refreshed cache still passes a no-GPU create through."""
     bundle = front.bundle("b", env={}, annotations={"cdi.k8s.io/x": "acme.io/accel=0"})
     front.call("list")
-    front.call("create", "-b", bundle, "x")
-    assert (front.starts(), front.calls()[-1]) == (1, f"plain create -b {bundle} x")
+    assert front.starts() == 1  # the list through Python wrote the front's cache
+    refused = front.call("create", "-b", bundle, "x")
+    assert refused.returncode != 0 and "acme.io/accel=0" in refused.stderr, refused.stderr
+    assert (front.starts(), front.calls()[-1]) == (2, "plain list")  # runc never created it
     front.configure('cdi-vendor = "acme.io"\ncdi-class = "accel"\n')
     front.call("create", "-b", bundle, "x")
-    assert (front.starts(), front.calls()[2]) == (2, f"edited create -b {bundle} x")
+    assert (front.starts(), front.calls()[1]) == (3, f"edited create -b {bundle} x")
     # that create refreshed the front's cache: the next no-GPU create needs no Python
-    plain = front.bundle("c", env={}, annotations={"cdi.k8s.io/x": "nvidia.com/tpu=0"})
+    plain = front.bundle("c", env={})
     front.call("create", "-b", plain, "y")
-    assert (front.starts(), front.calls()[-1]) == (2, f"plain create -b {plain} y")
+    assert (front.starts(), front.calls()[-1]) == (3, f"plain create -b {plain} y")
 
 
 def test_first_create_writes_the_cache_and_keeps_it(front):

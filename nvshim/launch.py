@@ -1,5 +1,5 @@
 """Isolated launchers for ``nvshim-runtime`` and ``nvshim-hook`` (hook entries for specs:
-``nvshim.hook.entries``).
+``nvshim.hookentries``).
 
 Runtimes execute these as root on container input, so they start Python as
 ``<real interpreter> -IS`` (isolated, no site): no PYTHON* variable, user site or

@@ -186,7 +186,7 @@ def test_a_failed_step_on_a_read_only_root_deletes_the_container(creates):  # no
 
 def test_the_prestart_hook_finishes_a_read_only_root(tmp_path, launchers, gpu_host):  # noqa: F811
     """The standalone OCI hook (``nvshim-hook prestart``) from a runc bundle."""
-    from nvshim.hook.entries import hook_entry
+    from nvshim.hookentries import hook_entry
     from tests.test_hook_standalone import _config
 
     host, _ = gpu_host

@@ -16,8 +16,8 @@ import os
 
 from nvshim.config import Config
 from nvshim.errors import NvshimError
-from nvshim.hook import FINISHERS
 from nvshim.hook.args import HookArgs, parse_finish, parse_step
+from nvshim.hookentries import FINISHERS
 from nvshim.record import field, record
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container

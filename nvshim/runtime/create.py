@@ -21,7 +21,7 @@ TOOL = "nvshim-runtime"
 
 def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArgs]]:
     """``edits`` without nvshim-hook's finishing-step entries, and those steps parsed."""
-    from nvshim.hook import is_finisher
+    from nvshim.hookentries import is_finisher
 
     ours = [h for h in edits.hooks if is_finisher(h.args)]
     if not ours:

@@ -18,8 +18,8 @@ import errno
 import os
 
 from nvshim.errors import NvshimError, one_line
+from nvshim.faults import fault_point
 from nvshim.hook import kernel
-from nvshim.runtime import fault_point
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:

@@ -51,9 +51,10 @@ from collections.abc import Callable
 import nvshim
 from nvshim import __version__
 from nvshim.errors import NvshimError, one_line
+from nvshim.faults import fault_point
 from nvshim.fsutil import file_identity
 from nvshim.record import field, record
-from nvshim.runtime import DAEMON_SOCKET, fault_point, wire
+from nvshim.runtime import DAEMON_SOCKET, wire
 from nvshim.runtime.lowlevel import LowLevel
 from nvshim.runtime.main import run
 from nvshim.runtime.slots import (

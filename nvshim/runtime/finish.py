@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from nvshim.errors import NvshimError, one_line
-from nvshim.runtime import fault_point
+from nvshim.faults import fault_point
 from nvshim.runtime.lowlevel import spawn, spawn_quiet
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container

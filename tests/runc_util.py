@@ -344,7 +344,7 @@ def read_log(path: str) -> list[dict[str, str]]:
 def in_private_mount_ns(fn) -> dict[str, Any]:
     """Run ``fn()`` in a forked child inside a private mount namespace (its mounts vanish
     with it). Returns ``{"ok": result}`` (JSON data) or ``{"error": "Type: message"}``."""
-    from nvshim.hook import kernel
+    from nvshim.rootfs import kernel
 
     def private_mounts() -> None:
         kernel.unshare(kernel.CLONE_NEWNS)

@@ -23,9 +23,9 @@ import struct
 
 from nvshim import fastjson
 from nvshim.errors import NvshimError
-from nvshim.hook import kernel
-from nvshim.hook.fsroot import RootFS, RootPathError, normalize
 from nvshim.record import record
+from nvshim.rootfs import kernel
+from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 
 DEFAULT_FOLDER = "/usr/local/cuda/compat"
 CONF_FILE = "/etc/ld.so.conf.d/00-compat-nvshim.conf"

@@ -81,7 +81,7 @@ from nvshim.trusted import CACHE_DIR, cache_dir_for, peer_credentials, peer_pidf
 TOOL = "nvshim-runtimed"
 # What calls through nvshim-runtime may import; the CLI, installer, doctor and exporter
 # never run there.
-PRELOAD_PACKAGES = ("runtime", "hook", "policy", "host", "mps", "oci", "cdi", "pairing")
+PRELOAD_PACKAGES = ("runtime", "hook", "rootfs", "policy", "host", "mps", "oci", "cdi", "pairing")
 PRELOAD_MODULES = (
     "config", "edits", "errors", "fastjson", "filecache", "fsutil", "ldcache", "log", "record",
     "trusted",

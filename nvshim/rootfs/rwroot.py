@@ -19,7 +19,7 @@ import os
 
 from nvshim.errors import NvshimError, one_line
 from nvshim.faults import fault_point
-from nvshim.hook import kernel
+from nvshim.rootfs import kernel
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:

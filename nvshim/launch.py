@@ -15,7 +15,7 @@ import sys
 LAUNCHERS = {
     "nvshim-runtime": "nvshim.runtime.client",
     "nvshim-hook": "nvshim.hook.main",
-    "nvshim-runtimed": "nvshim.runtime.daemon",
+    "nvshim-runtimed": "nvshim.runtimed.main",
 }
 # The ``nvshim`` command itself, for installs that bring their own interpreter.
 CLI_LAUNCHER = {"nvshim": "nvshim.entry"}

@@ -560,7 +560,7 @@ def test_an_unwritable_daemon_log(sim_hosts, tmp_path):
 
 
 @pytest.mark.parametrize("module, armed", [("nvshim.runtime.client", True),
-                                           ("nvshim.runtime.daemon", True),
+                                           ("nvshim.runtimed.main", True),
                                            ("nvshim.hook.main", False)])  # fmt: skip
 def test_the_fault_points_are_never_armed_in_nvshim_hook(tmp_path, module, armed):
     """NVSHIM_TEST_PAUSE arms nvshim-runtime and nvshim-runtimed only: nvshim-hook, which

@@ -328,23 +328,6 @@ def in_image(rootfs: str, host_driver: str, host_cuda: str = "", folder: str | N
         return compat_for(root, host_driver, host_cuda, folder or DEFAULT_FOLDER)
 
 
-def for_hooks(rootfs: str, hooks) -> CompatLibrary | None:
-    """The compat library the ``nvshim-hook enable-cuda-compat`` entry among ``hooks``
-    will enable in the image at ``rootfs`` (None: no such entry, or not used)."""
-    from nvshim.hook.steps import finishing_steps
-
-    steps, _ = finishing_steps(hooks)
-    for step in steps:
-        if step.command == "enable-cuda-compat":
-            return in_image(
-                rootfs,
-                step.host_driver_version or "",
-                step.host_cuda_version or "",
-                step.cuda_compat_container_root,
-            )
-    return None
-
-
 def judged_versions(found: CompatLibrary | None, driver: str, cuda: str) -> tuple[str, str]:
     """(driver, CUDA) versions a container's ``NVIDIA_REQUIRE_*`` are judged against:
     the compat library's when it is used (its note's CUDA version, else derived from its

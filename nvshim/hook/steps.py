@@ -251,3 +251,22 @@ def finishing_steps(hooks) -> tuple[list[HookArgs], list[str]]:
         else:
             others.append(" ".join(args[:2]) or hook.path)
     return steps, others
+
+
+def cuda_compat_for(rootfs: str, hooks):
+    """The compat library the ``nvshim-hook enable-cuda-compat`` entry among ``hooks``
+    will enable in the image at ``rootfs`` (a ``cudacompat.CompatLibrary``; None: no such
+    entry, or not used). Here, beside the parser of those entries: the policy asks it
+    before the container exists."""
+    from nvshim.hook.cudacompat import in_image
+
+    steps, _ = finishing_steps(hooks)
+    for step in steps:
+        if step.command == "enable-cuda-compat":
+            return in_image(
+                rootfs,
+                step.host_driver_version or "",
+                step.host_cuda_version or "",
+                step.cuda_compat_container_root,
+            )
+    return None

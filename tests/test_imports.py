@@ -1,0 +1,85 @@
+"""The import contract (``.ci/imports.py``, issue 30): nvshim's modules import only within
+their layer or below, lazy imports included, and form no circle; a breach is named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+SCRIPT = os.path.join(REPO, ".ci", "imports.py")
+
+
+def _check(root=None) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-I", SCRIPT, *([str(root)] if root else [])]
+    return subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def _package(root, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / "nvshim" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_nvshim_keeps_its_import_contract():
+    run = _check()
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    assert " 0 circles, 0 problems, 1 named exception(s)" in run.stdout
+
+
+def test_the_check_names_each_breach(tmp_path):
+    _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "cli/__init__.py": "",
+            "cli/main.py": "from nvshim import errors\n",  # down: fine
+            # up a layer, lazily: base -> commands
+            "errors.py": "def f():\n    from nvshim.cli import __name__\n",
+            "record.py": "from nvshim import log\n",  # a circle within one layer
+            "log.py": "import nvshim.record\n",
+            "newthing.py": "",  # placed nowhere
+        },
+    )
+    run = _check(tmp_path / "nvshim")
+    assert run.returncode == 1
+    lines = run.stderr.splitlines()
+    assert "nvshim.newthing: in no layer (add it to LAYERS in .ci/imports.py)" in lines
+    assert any(
+        line.endswith(
+            "errors.py:2: nvshim.errors (base) imports nvshim.cli (commands), a layer above"
+        )
+        for line in lines
+    ), lines
+    assert "import circle: nvshim.log -> nvshim.record -> nvshim.log" in lines
+    # the named exception no longer occurs here: the list stays honest
+    assert (
+        "exception nvshim.runtime.daemon -> nvshim.runtimed.main: no longer occurs, remove it"
+        in lines
+    )
+    assert len(lines) == 4, lines
+
+
+def test_relative_imports_count(tmp_path):
+    _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "runtime/__init__.py": "",
+            "runtime/daemon.py": "from ..runtimed.main import main\n",  # the exception
+            "runtimed/__init__.py": "",
+            "runtimed/main.py": "def main():\n    pass\n",
+            "hook/__init__.py": "",
+            "hook/steps.py": "from .. import runtime\n",  # up: hook steps -> runtime
+        },
+    )
+    run = _check(tmp_path / "nvshim")
+    assert run.returncode == 1
+    assert run.stderr.splitlines() == [
+        "nvshim/hook/steps.py:1: nvshim.hook.steps (nvshim-hook's steps) imports"
+        " nvshim.runtime (nvshim-runtime), a layer above"
+    ], run.stderr

@@ -4,6 +4,7 @@ their layer or below, lazy imports included, and form no circle; a breach is nam
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -83,3 +84,20 @@ def test_relative_imports_count(tmp_path):
         "nvshim/hook/steps.py:1: nvshim.hook.steps (nvshim-hook's steps) imports"
         " nvshim.runtime (nvshim-runtime), a layer above"
     ], run.stderr
+
+
+def test_the_documented_command_runs_as_written():
+    """docs/development.md runs the check as ``python3 .ci/imports.py`` and shows its
+    summary line: the same command prints that line (the counts as they are today)."""
+    with open(os.path.join(REPO, "docs", "development.md"), encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    at = lines.index("python3 .ci/imports.py")
+    shown = lines[at + 1].removeprefix("# ")
+    run = subprocess.run(lines[at].split(), capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert run.returncode == 0, run.stderr
+
+    def shape(text: str) -> str:
+        return re.sub(r"\d+", "N", text.strip())
+
+    assert shape(run.stdout) == shape(shown)
+    assert " 0 circles, 0 problems" in run.stdout

@@ -66,7 +66,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "nvshim",
             "nvshim.defaults",
             "nvshim.errors",
-            "nvshim.faults",
             "nvshim.fastjson",
             "nvshim.filecache",
             "nvshim.fsutil",

@@ -17,8 +17,8 @@ from __future__ import annotations
 import errno
 import os
 
+from nvshim.defaults import fault_point
 from nvshim.errors import NvshimError, one_line
-from nvshim.faults import fault_point
 from nvshim.rootfs import kernel
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container

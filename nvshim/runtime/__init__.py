@@ -1,8 +1,8 @@
 """``nvshim-runtime``: an OCI runtime that wraps runc and injects GPUs at create.
 
 Keep this module free of imports: the pass-through path loads it for every runc call.
-The defaults it shares with the config are in ``nvshim.defaults``, its tests' fault
-points in ``nvshim.faults``.
+The defaults it shares with the config, and its tests' fault points, are in
+``nvshim.defaults``.
 """
 
 FRONT_CACHE = "runtime-front"  # the low-level runtime, for the sh front (passthrough.py)

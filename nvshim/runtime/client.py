@@ -22,7 +22,6 @@ import sys
 
 from nvshim import __file__ as NVSHIM_FILE
 from nvshim import __version__
-from nvshim import faults as _faults  # noqa: F401  armed from the environment we start with
 from nvshim.runtime import DAEMON_SOCKET, exit_status, wire
 from nvshim.trusted import CACHE_DIR, peer_credentials
 

@@ -94,7 +94,7 @@ def prepare_bundle(
     if selection.edits.is_empty():
         log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
         return Prepared(config)
-    from nvshim.faults import fault_point
+    from nvshim.defaults import fault_point
     from nvshim.fsutil import atomic_write
     from nvshim.oci.modify import apply_edits
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
+from nvshim.defaults import fault_point
 from nvshim.errors import NvshimError, one_line
-from nvshim.faults import fault_point
 from nvshim.runtime.lowlevel import spawn, spawn_quiet
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container

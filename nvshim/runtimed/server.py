@@ -37,7 +37,7 @@ PRELOAD_PACKAGES = (
     "pairing",
 )
 PRELOAD_MODULES = (
-    "config", "defaults", "edits", "errors", "fastjson", "faults", "filecache", "fsutil",
+    "config", "defaults", "edits", "errors", "fastjson", "filecache", "fsutil",
     "hookentries", "ldcache", "log", "record", "trusted",
 )  # fmt: skip
 # imported inside functions on a call's path: a configuration or inventory cache miss

@@ -13,8 +13,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from nvshim.defaults import fault_point
 from nvshim.errors import NvshimError, one_line
-from nvshim.faults import fault_point
 from nvshim.runtime import wire
 from nvshim.runtime.lowlevel import LowLevel
 from nvshim.runtime.main import run

@@ -36,7 +36,7 @@ container is gone (``nvshim.runtime.markers.sweep``).
 Its modules: ``main`` (the command), ``server`` (listening, the parent's loop),
 ``pool`` (the parent's workers and slots in flight), ``worker`` (a call served in a
 worker), ``trust`` (whom it serves). It imports ``nvshim.runtime``; nothing there
-imports it.
+imports it but ``nvshim.runtime.daemon``, the old name kept for installed launchers.
 """
 
 import os

@@ -101,3 +101,22 @@ def test_the_documented_command_runs_as_written():
 
     assert shape(run.stdout) == shape(shown)
     assert " 0 circles, 0 problems" in run.stdout
+
+
+def test_a_launcher_written_before_the_move_still_starts_nvshim_runtimed(tmp_path):
+    """The contract's one exception earns its place: a launcher an older ``nvshim
+    install`` wrote (naming ``nvshim.runtime.daemon``) runs today's nvshim-runtimed."""
+    from nvshim.launch import LAUNCHERS, launcher_text
+
+    assert LAUNCHERS["nvshim-runtimed"] == "nvshim.runtimed.main"
+    outputs = []
+    for module in ("nvshim.runtime.daemon", LAUNCHERS["nvshim-runtimed"]):
+        path = tmp_path / module
+        path.write_text(launcher_text(module))
+        path.chmod(0o755)
+        run = subprocess.run(
+            [str(path), "--version"], capture_output=True, text=True, env={}, timeout=60
+        )
+        assert run.returncode == 0, run.stderr
+        outputs.append(run.stdout)
+    assert outputs[0] == outputs[1] and outputs[0].startswith("nvshim-runtimed version ")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
+from nvshim.defaults import DEFAULT_CONFIG, DEFAULT_RUNTIMES
 from nvshim.errors import NvshimError, did_you_mean
 from nvshim.record import field, record
-from nvshim.runtime import DEFAULT_CONFIG, DEFAULT_RUNTIMES
 
 DEFAULT_PATH = DEFAULT_CONFIG
 

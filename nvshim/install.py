@@ -13,9 +13,9 @@ import json
 import os
 import shutil
 
-from nvshim.bundle import MARKER, bundle_root, check_prefix, read_marker, relocate
 from nvshim.errors import NvshimError
-from nvshim.hook.entries import HOOK_ENV
+from nvshim.hookentries import HOOK_ENV
+from nvshim.hostbundle import MARKER, bundle_root, check_prefix, read_marker, relocate
 from nvshim.launch import CLI_LAUNCHER, LAUNCHERS, write_launchers
 
 DEFAULT_PREFIX = "/usr/local/nvshim"

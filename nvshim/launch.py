@@ -1,5 +1,5 @@
 """Isolated launchers for ``nvshim-runtime`` and ``nvshim-hook`` (hook entries for specs:
-``nvshim.hook.entries``).
+``nvshim.hookentries``).
 
 Runtimes execute these as root on container input, so they start Python as
 ``<real interpreter> -IS`` (isolated, no site): no PYTHON* variable, user site or
@@ -15,7 +15,7 @@ import sys
 LAUNCHERS = {
     "nvshim-runtime": "nvshim.runtime.client",
     "nvshim-hook": "nvshim.hook.main",
-    "nvshim-runtimed": "nvshim.runtime.daemon",
+    "nvshim-runtimed": "nvshim.runtimed.main",
 }
 # The ``nvshim`` command itself, for installs that bring their own interpreter.
 CLI_LAUNCHER = {"nvshim": "nvshim.entry"}

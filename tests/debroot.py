@@ -72,7 +72,7 @@ def _prune(name: str, keep: str, newest: int = KEEP) -> None:
 
 def tree_digest(paths: tuple[str, ...], root: str = REPO) -> str:
     """Digest of the files under ``paths`` (relative to ``root``), caches skipped."""
-    from nvshim.bundle import tree_digest as digest
+    from nvshim.hostbundle import tree_digest as digest
 
     return digest(root, paths, skip=("__pycache__",))
 

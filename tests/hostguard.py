@@ -23,7 +23,7 @@ class HostGuard:
         self.error: str | None = None
 
     def enter(self) -> None:
-        from nvshim.hook import kernel
+        from nvshim.rootfs import kernel
 
         try:
             kernel.unshare(kernel.CLONE_NEWNS)

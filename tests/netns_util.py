@@ -9,7 +9,7 @@ CLONE_NEWNET = 0x40000000
 def in_private_net_ns(fn) -> object:
     """``fn()`` in a forked child inside a new network namespace; its JSON result, or an
     AssertionError carrying the child's failure."""
-    from nvshim.hook import kernel
+    from nvshim.rootfs import kernel
     from tests.runc_util import in_forked_child
 
     reply = in_forked_child(fn, lambda: kernel.unshare(CLONE_NEWNET))

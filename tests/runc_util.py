@@ -270,7 +270,7 @@ def apply_edits_hook(
 ) -> tuple[dict[str, Any], str]:
     """A prestart hook entry that applies constructed ``edits`` (a ContainerEdits) with
     nvshim.hook's application code; returns (OCI hook object, path of its JSON result)."""
-    from nvshim.hook.entries import HOOK_ENV
+    from nvshim.hookentries import HOOK_ENV
     from nvshim.launch import import_roots, real_interpreter
 
     directory = os.fspath(directory)
@@ -344,7 +344,7 @@ def read_log(path: str) -> list[dict[str, str]]:
 def in_private_mount_ns(fn) -> dict[str, Any]:
     """Run ``fn()`` in a forked child inside a private mount namespace (its mounts vanish
     with it). Returns ``{"ok": result}`` (JSON data) or ``{"error": "Type: message"}``."""
-    from nvshim.hook import kernel
+    from nvshim.rootfs import kernel
 
     def private_mounts() -> None:
         kernel.unshare(kernel.CLONE_NEWNS)
@@ -379,7 +379,7 @@ def in_forked_child(fn, setup) -> dict[str, Any]:
 
 def hook_env_names() -> str:
     """The ``hook_env`` field the hook logs for entries made by ``hook_entry`` here."""
-    from nvshim.hook.entries import hook_env
+    from nvshim.hookentries import hook_env
 
     return ",".join(sorted(entry.split("=", 1)[0] for entry in hook_env()))
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from nvshim.bundle import interp_slot, read_marker
+from nvshim.hostbundle import interp_slot, read_marker
 from tests.conftest import NVSHIM, run_nvshim
 from tests.debroot import bundle_dir, debian_root_tar, unpack
 

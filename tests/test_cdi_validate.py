@@ -18,7 +18,7 @@ from nvshim.cdi.validate import load_spec_file, validate_files, validate_spec
 from nvshim.cdi.version import spec_min_version, version_key
 from nvshim.edits import ContainerEdits, DeviceNode, Mount
 from nvshim.errors import NvshimError
-from nvshim.hook.entries import hook_entry, hook_env
+from nvshim.hookentries import hook_entry, hook_env
 
 sys.path.insert(0, os.path.dirname(__file__))
 from podman_util import make_busybox_rootfs, podman_run  # noqa: E402

@@ -157,7 +157,7 @@ def test_the_cdi_spec_applies_it_in_podman(sim_hosts, launchers, tmp_path, compa
 @pytest.mark.parametrize("compat, ok", [(NEWER, True), (OLDER, False)], ids=["newer", "older"])
 def test_the_prestart_hook_judges_and_applies_it(tmp_path, launchers, gpu_host, compat, ok):
     """The standalone sink: ``nvshim-hook prestart`` from a runc prestart entry."""
-    from nvshim.hook.entries import hook_entry
+    from nvshim.hookentries import hook_entry
 
     rootfs = image(tmp_path, "rootfs", compat)
     config, log = standalone._config(tmp_path, gpu_host)

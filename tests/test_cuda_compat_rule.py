@@ -16,7 +16,7 @@ from nvshim.hook.cudacompat import (
     read_note,
     use_compat,
 )
-from nvshim.hook.fsroot import RootFS
+from nvshim.rootfs.fsroot import RootFS
 from tests.compat_util import build_compat_library
 from tests.runc_util import build_stub_library
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from nvshim.edits import ContainerEdits, DeviceNode, Mount
-from nvshim.hook.entries import hook_entry
+from nvshim.hookentries import hook_entry
 from tests.runc_util import (
     apply_edits_hook,
     build_stub_library,

@@ -1,4 +1,4 @@
-"""fd-based container-root primitives (nvshim.hook.fsroot) on real files, with both the
+"""fd-based container-root primitives (nvshim.rootfs.fsroot) on real files, with both the
 openat2(RESOLVE_IN_ROOT) path and the O_NOFOLLOW walk used where openat2 is missing."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from nvshim.hook import fsroot, kernel
-from nvshim.hook.fsroot import RootFS, RootPathError, normalize
+from nvshim.rootfs import fsroot, kernel
+from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 from tests.runc_util import in_private_mount_ns, tree_snapshot
 
 

@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from nvshim.edits import ContainerEdits, DeviceNode, Mount
-from nvshim.hook.entries import hook_entry
+from nvshim.hookentries import hook_entry
 from nvshim.ldcache import parse_ld_cache
 from tests.runc_util import (
     apply_edits_hook,

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from nvshim.hook.entries import HOOK_ENV, hook_entry
+from nvshim.hookentries import HOOK_ENV, hook_entry
 from nvshim.ldcache import parse_ld_cache
 from tests.podman_util import podman_run
 from tests.runc_util import (

@@ -14,8 +14,6 @@ import pytest
 from nvshim.errors import NvshimError
 from nvshim.hook import cgroup
 from nvshim.hook.args import HelpRequested, parse_args
-from nvshim.hook.entries import hook_entry
-from nvshim.hook.fsroot import RootFS
 from nvshim.hook.ldconfig import (
     elf_soname,
     has_glibc_loader,
@@ -27,6 +25,8 @@ from nvshim.hook.ldconfig import (
 from nvshim.hook.params import without_modification
 from nvshim.hook.state import load_spec, read_state, rootfs_path
 from nvshim.hook.steps import finishing_steps
+from nvshim.hookentries import hook_entry
+from nvshim.rootfs.fsroot import RootFS
 from tests.runc_util import build_stub_library, in_private_mount_ns
 
 GOOD_STATE = {"ociVersion": "1.0.2", "id": "c1", "pid": 42, "bundle": "/b", "status": "created"}

@@ -10,7 +10,7 @@ import pytest
 from nvshim.cdi.validate import validate_spec
 from nvshim.config import load_config
 from nvshim.errors import UsageError
-from nvshim.hook.entries import hook_env
+from nvshim.hookentries import hook_env
 from nvshim.host.discover import discover_host
 from nvshim.mps.cdi import shared_spec
 from tests.conftest import run_nvshim

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from nvshim.bundle import relocate
+from nvshim.hostbundle import relocate
 from tests.debroot import bundle_dir
 from tests.node_util import Scratch, clean_env, reap_started, start_node, wait_for
 from tests.test_node_lifecycle import files_of, stop

@@ -357,7 +357,7 @@ def test_cdi_spec_pairs_each_gpu_device(sim_hosts, tmp_path, launchers):
 def test_prestart_hook_pairs_and_hands_over_too(tmp_path, launchers, hgx):
     """The standalone hook gets the same devices and moves the netdev itself; it cannot set
     env, so NCCL_IB_HCA is logged as not applied (NCCL then opens the one HCA it can)."""
-    from nvshim.hook.entries import hook_entry
+    from nvshim.hookentries import hook_entry
     from tests.runc_util import runc_run
 
     config = write_pairing_config(

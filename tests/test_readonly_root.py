@@ -5,7 +5,7 @@ OCI hook under runc; CDI under podman; a CRI pod through containerd. On each the
 container itself sees a read-only root (a write to ``/`` fails, its mountinfo says
 ``ro``) holding the same links, ld.so.conf entry and ld cache as its writable twin.
 
-``nvshim.hook.rwroot`` makes the root's mount writable only while the finishing steps
+``nvshim.rootfs.rwroot`` makes the root's mount writable only while the finishing steps
 run: its fallback (a bind remount), a root locked read-only by a user namespace, and a
 root that cannot be made read-only again are driven on a process that pivoted into
 a root as runc's init does.
@@ -186,7 +186,7 @@ def test_a_failed_step_on_a_read_only_root_deletes_the_container(creates):  # no
 
 def test_the_prestart_hook_finishes_a_read_only_root(tmp_path, launchers, gpu_host):  # noqa: F811
     """The standalone OCI hook (``nvshim-hook prestart``) from a runc bundle."""
-    from nvshim.hook.entries import hook_entry
+    from nvshim.hookentries import hook_entry
     from tests.test_hook_standalone import _config
 
     host, _ = gpu_host
@@ -283,7 +283,7 @@ def test_a_cri_pod_with_a_read_only_root_filesystem_gets_its_gpu(
         assert ways[results[1].container_id].startswith("slot "), ways
 
 
-# --- nvshim.hook.rwroot on a pivoted process --------------------------------------------
+# --- nvshim.rootfs.rwroot on a pivoted process --------------------------------------------
 
 
 def _pivoted(rootfs: str, outer: str, inner: str) -> subprocess.Popen:
@@ -348,7 +348,7 @@ def make_link(pid: int, rootfs: str) -> None:
 def test_without_mount_setattr_a_bind_remount_keeps_the_other_flags(pivot, monkeypatch):
     """Linux before 5.12 has no mount_setattr (ENOSYS, which this kernel cannot give):
     the root is remounted writable and back, nosuid and nodev kept."""
-    from nvshim.hook import kernel
+    from nvshim.rootfs import kernel
 
     rootfs, pid = pivot('mount -o remount,bind,ro,nosuid,nodev "$1"')
     assert root_options(pid)[0] == "ro"
@@ -398,7 +398,7 @@ def test_a_root_that_cannot_be_made_read_only_again_fails_the_steps(pivot, monke
     """The kernel refusing the way back (which this kernel never does) is an error: the
     runtime then deletes the container rather than hand out a writable root."""
     from nvshim.errors import NvshimError
-    from nvshim.hook import kernel
+    from nvshim.rootfs import kernel
 
     rootfs, pid = pivot('mount -o remount,bind,ro "$1"')
     real = kernel.mount_setattr
@@ -416,8 +416,8 @@ def test_a_root_that_cannot_be_made_read_only_again_fails_the_steps(pivot, monke
 def test_a_read_only_file_system_under_the_root_is_one_clear_error(tmp_path):
     """Only the mount's flag is nvshim's to change: a file system mounted read-only
     itself stays so, and nothing is run on it."""
-    from nvshim.hook import kernel
-    from nvshim.hook.rwroot import is_readonly, while_writable
+    from nvshim.rootfs import kernel
+    from nvshim.rootfs.rwroot import is_readonly, while_writable
     from tests.runc_util import in_private_mount_ns
 
     root = str(tmp_path / "root")

@@ -3,7 +3,7 @@ unwritable log: with real runc, the real sh front and a real nvshim-runtimed.
 
 The create is stopped at a precise step by real mechanisms: the low-level runtime is a
 runc wrapper that stops itself (SIGSTOP) before or after running runc, and nvshim's own
-steps stop at ``nvshim.runtime.fault_point`` (armed by ``NVSHIM_TEST_PAUSE`` in the
+steps stop at ``nvshim.defaults.fault_point`` (armed by ``NVSHIM_TEST_PAUSE`` in the
 environment the daemon, or the in-process runtime, started with). The test then kills
 one process with SIGKILL (the front, the worker serving the call, the daemon's parent or
 runc) and lets the stopped one go on. After each fault:
@@ -55,9 +55,9 @@ rc=$?
 stop after
 exit $rc
 """
-# nvshim's own steps (nvshim.runtime.fault_point) and the wrapper's, in a create's order
+# nvshim's own steps (nvshim.defaults.fault_point) and the wrapper's, in a create's order
 STEPS = ("rewrite", "runc-before", "runc-during", "runc-after", "finish", "answer")
-POINTS = ("rewrite", "finish", "writable", "answer")  # nvshim.runtime.fault_point's
+POINTS = ("rewrite", "finish", "writable", "answer")  # nvshim.defaults.fault_point's
 # a createRuntime hook in every bundle: stops runc inside its create when armed
 # ($FAULTS/stop-create-during); runc's pid goes to $FAULTS/runc-during
 HOOK = """#!/bin/sh
@@ -559,13 +559,13 @@ def test_an_unwritable_daemon_log(sim_hosts, tmp_path):
             subprocess.run([RUNC, "--root", f.root, "delete", "--force", cid], capture_output=True)
 
 
-@pytest.mark.parametrize("module, armed", [("nvshim.runtime.client", True),
-                                           ("nvshim.runtime.daemon", True),
+@pytest.mark.parametrize("module, armed", [("nvshim.runtime.create", True),
+                                           ("nvshim.runtimed.main", True),
                                            ("nvshim.hook.main", False)])  # fmt: skip
 def test_the_fault_points_are_never_armed_in_nvshim_hook(tmp_path, module, armed):
     """NVSHIM_TEST_PAUSE arms nvshim-runtime and nvshim-runtimed only: nvshim-hook, which
     a hook entry without an env would start with a container's environment, ignores it."""
-    code = f"import {module}, nvshim.runtime as r; print(r._PAUSE_DIR >= 0)"
+    code = f"import {module}, nvshim.defaults as r; print(r._PAUSE_DIR >= 0)"
     env = {"PATH": "/usr/bin:/bin", "NVSHIM_TEST_PAUSE": f"{tmp_path}:writable"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
                           text=True)  # fmt: skip

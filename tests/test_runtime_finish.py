@@ -239,9 +239,9 @@ def test_params_copy_reaches_a_pivoted_container(pivoted, tmp_path, monkeypatch,
     """Both of the private copy's sources are made on the host before entering: after
     pivot_root neither the host's params file nor the state dir is in reach."""
     from nvshim.config import load_config
-    from nvshim.hook import bind
     from nvshim.hook.args import parse_step
     from nvshim.hook.steps import Context, run_steps
+    from nvshim.rootfs import bind
 
     rootfs, pid = pivoted
     monkeypatch.setattr(bind, "_clone_detached_works", detached_tmpfs)

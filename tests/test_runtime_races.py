@@ -281,11 +281,11 @@ def test_without_so_peerpidfd_every_socket_caller_is_declined(monkeypatch):
     call) rather than judged by a pid that may be another process's by then."""
     import socket
 
-    from nvshim.runtime import daemon
+    from nvshim.runtimed import trust
 
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with a, b:
-        assert daemon.decline_reason(a) == (None, os.umask(os.umask(0o022)))  # this kernel
-        monkeypatch.setattr(daemon, "peer_pidfd", lambda sock: None)
-        why, _ = daemon.decline_reason(a)
+        assert trust.decline_reason(a) == (None, os.umask(os.umask(0o022)))  # this kernel
+        monkeypatch.setattr(trust, "peer_pidfd", lambda sock: None)
+        why, _ = trust.decline_reason(a)
         assert why is not None and "SO_PEERPIDFD" in why

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from nvshim.runtime.daemon import QUEUE_WAIT
 from nvshim.runtime.slots import ACK_WAIT
+from nvshim.runtimed.pool import QUEUE_WAIT
 from tests.podman_util import make_busybox_rootfs
 from tests.runc_util import served_by
 from tests.test_runtime_daemon import Daemon, _wait_for, creates  # noqa: F401

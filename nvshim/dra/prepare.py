@@ -278,7 +278,7 @@ class Driver:
         """The createRuntime hook refusing a container whose ``NVIDIA_REQUIRE_*`` this
         request's devices and the host's driver do not meet (the image's env is known only
         when the container is created)."""
-        from nvshim.hook.entries import hook_entry
+        from nvshim.hookentries import hook_entry
         from nvshim.policy.resolve import requirement_facts
 
         args = ["--cuda", self.host.cuda_version, "--driver", self.host.driver_version]
@@ -373,7 +373,7 @@ class Driver:
         and so the node's own nvshim config."""
         if self.host_root in ("", "/"):
             return edits
-        from nvshim.hook.entries import HOOK_ENV
+        from nvshim.hookentries import HOOK_ENV
         from nvshim.record import replace
 
         return replace(edits, hooks=[replace(h, env=HOOK_ENV) for h in edits.hooks])

@@ -13,10 +13,10 @@ import stat
 
 from nvshim.edits import ContainerEdits, DeviceNode, Mount
 from nvshim.errors import NvshimError
-from nvshim.hook import bind
 from nvshim.hook.cgroup import allow_rule
-from nvshim.hook.fsroot import RootFS, RootPathError, normalize
 from nvshim.record import record
+from nvshim.rootfs import bind
+from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 
 
 @record

@@ -12,7 +12,7 @@ import os
 import stat
 
 from nvshim.errors import NvshimError
-from nvshim.hook.fsroot import RootFS, RootPathError
+from nvshim.rootfs.fsroot import RootFS, RootPathError
 
 PROFILE_DIR = "/etc/nvidia/nvidia-application-profiles-rc.d"
 PROFILE_FILE = PROFILE_DIR + "/10-container.conf"

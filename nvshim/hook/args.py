@@ -15,7 +15,7 @@ from FILE instead of stdin).
 from __future__ import annotations
 
 from nvshim.errors import NvshimError
-from nvshim.hook import FINISHERS, STEP_SEPARATOR
+from nvshim.hookentries import FINISHERS, STEP_SEPARATOR
 
 TOOL = "nvshim-hook"
 

@@ -36,7 +36,7 @@ def devices_cgroup(pid: int, proc: str = "/proc") -> str | None:
 
 def devices_mount(proc: str = "/proc") -> str:
     """Where the cgroup v1 ``devices`` hierarchy is mounted (from mountinfo)."""
-    from nvshim.hook.mountinfo import mounts
+    from nvshim.rootfs.mountinfo import mounts
 
     for point, fstype, options in mounts(f"{proc}/self/mountinfo"):
         if fstype == "cgroup" and "devices" in options:

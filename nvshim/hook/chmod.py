@@ -14,8 +14,8 @@ import os
 import stat
 
 from nvshim.errors import NvshimError
-from nvshim.hook import kernel
-from nvshim.hook.fsroot import RootFS, RootPathError, normalize
+from nvshim.rootfs import kernel
+from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 
 MODE_BITS = 0o7777
 

@@ -23,9 +23,9 @@ import struct
 
 from nvshim import fastjson
 from nvshim.errors import NvshimError
-from nvshim.hook import kernel
-from nvshim.hook.fsroot import RootFS, RootPathError, normalize
 from nvshim.record import record
+from nvshim.rootfs import kernel
+from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 
 DEFAULT_FOLDER = "/usr/local/cuda/compat"
 CONF_FILE = "/etc/ld.so.conf.d/00-compat-nvshim.conf"
@@ -326,23 +326,6 @@ def in_image(rootfs: str, host_driver: str, host_cuda: str = "", folder: str | N
         return None
     with root:
         return compat_for(root, host_driver, host_cuda, folder or DEFAULT_FOLDER)
-
-
-def for_hooks(rootfs: str, hooks) -> CompatLibrary | None:
-    """The compat library the ``nvshim-hook enable-cuda-compat`` entry among ``hooks``
-    will enable in the image at ``rootfs`` (None: no such entry, or not used)."""
-    from nvshim.hook.steps import finishing_steps
-
-    steps, _ = finishing_steps(hooks)
-    for step in steps:
-        if step.command == "enable-cuda-compat":
-            return in_image(
-                rootfs,
-                step.host_driver_version or "",
-                step.host_cuda_version or "",
-                step.cuda_compat_container_root,
-            )
-    return None
 
 
 def judged_versions(found: CompatLibrary | None, driver: str, cuda: str) -> tuple[str, str]:

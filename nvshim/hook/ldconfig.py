@@ -23,10 +23,10 @@ import struct
 import time
 
 from nvshim.errors import NvshimError
-from nvshim.hook import kernel
-from nvshim.hook.fsroot import RootFS, RootPathError, normalize
-from nvshim.hook.mountinfo import mounts
 from nvshim.ldcache import LdCacheError, parse_ld_cache
+from nvshim.rootfs import kernel
+from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
+from nvshim.rootfs.mountinfo import mounts
 
 HOST_LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
 CACHE = "/etc/ld.so.cache"

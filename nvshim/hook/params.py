@@ -13,9 +13,9 @@ import os
 import stat
 
 from nvshim.errors import NvshimError
-from nvshim.hook import bind
-from nvshim.hook.fsroot import RootFS
 from nvshim.host.rootpath import host_path
+from nvshim.rootfs import bind
+from nvshim.rootfs.fsroot import RootFS
 
 PARAMS = "/proc/driver/nvidia/params"
 KEY = "ModifyDeviceFiles"

@@ -7,7 +7,7 @@ ldconfig, read the host's params file and make its private copy), and a containe
 run on the container root. Nothing in a container half reads a host path: after
 ``pivot_root`` the host's files and its ``/proc`` are out of reach. A read-only root
 (runc remounts it so at the end of ``create``) is writable only while the container
-halves run (``nvshim.hook.rwroot``).
+halves run (``nvshim.rootfs.rwroot``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import os
 
 from nvshim.config import Config
 from nvshim.errors import NvshimError
-from nvshim.hook import FINISHERS
 from nvshim.hook.args import HookArgs, parse_finish, parse_step
+from nvshim.hookentries import FINISHERS
 from nvshim.record import field, record
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
@@ -72,8 +72,8 @@ def real_ldconfig(path: str | None) -> str | None:
 def _host_params(args: HookArgs, ctx: Context) -> None:
     if ctx.params is not None:
         return
-    from nvshim.hook.bind import private_file_tree
     from nvshim.hook.params import host_params
+    from nvshim.rootfs.bind import private_file_tree
 
     shown, data = host_params(ctx.config.dev_root)
     if data is None:
@@ -102,7 +102,7 @@ def _step_ldcache(root, args, ctx: Context) -> dict:
 
 
 def _host_proc(args: HookArgs, ctx: Context) -> None:
-    from nvshim.hook import kernel
+    from nvshim.rootfs import kernel
 
     kernel.host_proc()  # opened while this is still the host's /proc
 
@@ -163,9 +163,9 @@ def prepare_steps(steps: list[HookArgs], ctx: Context) -> None:
     """The host halves of ``steps`` and the imports their container halves need (nvshim
     may be out of reach inside). Idempotent: ``run_steps`` calls it too; nvshim-runtime
     calls it early, while runc creates the container."""
-    import nvshim.hook.fsroot
-    import nvshim.hook.namespace
-    import nvshim.hook.rwroot  # noqa: F401 - imported here, used by run_steps
+    import nvshim.rootfs.fsroot
+    import nvshim.rootfs.namespace
+    import nvshim.rootfs.rwroot  # noqa: F401 - imported here, used by run_steps
 
     for step in steps:
         module, host_half, _ = STEPS[step.command]
@@ -189,9 +189,9 @@ def run_steps(
     create``), so the root is that namespace's ``/``, checked to be ``pid``'s root and
     the directory ``rootfs`` names here. Otherwise (hooks) the root is ``rootfs``.
     """
-    from nvshim.hook.fsroot import RootFS
-    from nvshim.hook.namespace import in_mount_ns, same_mount_ns
-    from nvshim.hook.rwroot import while_writable
+    from nvshim.rootfs.fsroot import RootFS
+    from nvshim.rootfs.namespace import in_mount_ns, same_mount_ns
+    from nvshim.rootfs.rwroot import while_writable
 
     prepare_steps(steps, ctx)
     expected = None
@@ -251,3 +251,22 @@ def finishing_steps(hooks) -> tuple[list[HookArgs], list[str]]:
         else:
             others.append(" ".join(args[:2]) or hook.path)
     return steps, others
+
+
+def cuda_compat_for(rootfs: str, hooks):
+    """The compat library the ``nvshim-hook enable-cuda-compat`` entry among ``hooks``
+    will enable in the image at ``rootfs`` (a ``cudacompat.CompatLibrary``; None: no such
+    entry, or not used). Here, beside the parser of those entries: the policy asks it
+    before the container exists."""
+    from nvshim.hook.cudacompat import in_image
+
+    steps, _ = finishing_steps(hooks)
+    for step in steps:
+        if step.command == "enable-cuda-compat":
+            return in_image(
+                rootfs,
+                step.host_driver_version or "",
+                step.host_cuda_version or "",
+                step.cuda_compat_container_root,
+            )
+    return None

@@ -8,7 +8,7 @@ it in the parent's fd); a directory there is an error.
 from __future__ import annotations
 
 from nvshim.errors import NvshimError
-from nvshim.hook.fsroot import RootFS, RootPathError, normalize
+from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 
 
 def parse_link(spec: str) -> tuple[str, str]:

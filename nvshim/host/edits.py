@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from nvshim.edits import ContainerEdits, DeviceNode, Mount
-from nvshim.hook.entries import hook_entry
+from nvshim.hookentries import hook_entry
 from nvshim.host import driver_files as df
 from nvshim.host.model import DriverFile, Gpu, Host, MigDevice, NodeInfo
 

@@ -35,7 +35,7 @@ def shared_spec(
     (static specs cannot check that otherwise). Raises UsageError when nothing is shared.
     """
     from nvshim.cdi.writer import build_spec, device_names
-    from nvshim.hook.entries import hook_entry
+    from nvshim.hookentries import hook_entry
 
     shared = sharing_for(config, host)
     if not shared:

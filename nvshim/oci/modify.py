@@ -94,7 +94,7 @@ def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]
             )
 
     if edits.hooks:
-        from nvshim.hook.entries import fold_finishers
+        from nvshim.hookentries import fold_finishers
 
         hooks = _table(spec, "hooks")
         for hook in fold_finishers(edits.hooks):

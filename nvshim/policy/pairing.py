@@ -189,7 +189,7 @@ def nic_edits(
                 args += ["--netdev", _rename(netdev, cfg["netdev-name"], count)]
                 count += 1
     if args and hook_path:
-        from nvshim.hook.entries import hook_entry
+        from nvshim.hookentries import hook_entry
 
         edits.hooks.append(hook_entry(hook_path, "createRuntime", STEP, *args))
     return edits, kept

@@ -61,9 +61,10 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
     )
     driver, cuda = host.driver_version, host.cuda_version
     if rootfs and request.requirements and not request.disable_require:
-        from nvshim.hook.cudacompat import for_hooks, judged_versions
+        from nvshim.hook.cudacompat import judged_versions
+        from nvshim.hook.steps import cuda_compat_for
 
-        found = for_hooks(rootfs, edits.hooks)  # the driver the container will really use
+        found = cuda_compat_for(rootfs, edits.hooks)  # the driver the container will really use
         driver, cuda = judged_versions(found, driver, cuda)
         if found is not None:
             log["cuda_compat"] = found.version

@@ -21,7 +21,7 @@ TOOL = "nvshim-runtime"
 
 def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArgs]]:
     """``edits`` without nvshim-hook's finishing-step entries, and those steps parsed."""
-    from nvshim.hook import is_finisher
+    from nvshim.hookentries import is_finisher
 
     ours = [h for h in edits.hooks if is_finisher(h.args)]
     if not ours:
@@ -94,9 +94,9 @@ def prepare_bundle(
     if selection.edits.is_empty():
         log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
         return Prepared(config)
+    from nvshim.defaults import fault_point
     from nvshim.fsutil import atomic_write
     from nvshim.oci.modify import apply_edits
-    from nvshim.runtime import fault_point
 
     edits, steps, rootfs = selection.edits, [], ""
     if finish_here:

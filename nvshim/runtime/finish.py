@@ -5,7 +5,7 @@ params) are kept out of ``config.json``: the runtime has runc create the contain
 then runs them in the container's mount namespace (``nvshim.hook.steps``: the hook's
 code, with the same fd-based safety) before it returns, while the container's process
 waits for ``start``; a read-only root is made writable for them and read-only again
-before the create returns (``nvshim.hook.rwroot``). One interpreter per GPU create
+before the create returns (``nvshim.rootfs.rwroot``). One interpreter per GPU create
 instead of two. A failed step deletes the container and fails the create, as a failed
 hook would. ``run`` keeps the hook: it starts the process at once.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
+from nvshim.defaults import fault_point
 from nvshim.errors import NvshimError, one_line
-from nvshim.runtime import fault_point
 from nvshim.runtime.lowlevel import spawn, spawn_quiet
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container

@@ -34,7 +34,8 @@ compiled on the node.
 from __future__ import annotations
 
 from nvshim import __version__
-from nvshim.runtime import DEFAULT_CONFIG, FRONT_CACHE, MARKER_DIR
+from nvshim.defaults import DEFAULT_CONFIG
+from nvshim.runtime import FRONT_CACHE, MARKER_DIR
 from nvshim.runtime.args import BOOL, COMMAND_FLAGS, GLOBAL_FLAGS, VALUE
 from nvshim.runtime.slots import (
     ACCEPTED,

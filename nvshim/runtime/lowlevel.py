@@ -73,7 +73,7 @@ def spawn_quiet(runtime: str, argv: list[str]) -> int:
 class LowLevel:
     """The low-level runtime, run by this process: exec'd for a call nvshim is done
     with, or started and waited for when a create has finishing steps. The daemon's
-    stand-ins (``nvshim.runtime.daemon``, ``nvshim.runtime.slots``) have their caller do
+    stand-ins (``nvshim.runtimed.worker``, ``nvshim.runtime.slots``) have their caller do
     both."""
 
     def exec(self, runtime: str, argv: list[str], keep: list[int] = ()) -> int | None:

@@ -31,7 +31,8 @@ from __future__ import annotations
 import os
 
 from nvshim import __version__
-from nvshim.runtime import DEFAULT_CONFIG, FRONT_CACHE
+from nvshim.defaults import DEFAULT_CONFIG
+from nvshim.runtime import FRONT_CACHE
 from nvshim.trusted import CACHE_DIR
 
 MAX_PATHS = 8

@@ -36,7 +36,7 @@ front (``nvshim.runtime.front``, function ``srv``)
 
 The worker takes the caller on from ``/proc/PID`` after checking that PID holds this
 slot's ``K.r`` at fd 5, is in the daemon's namespaces and has the privileges it had
-at start (``nvshim.runtime.daemon.caller_decline_reason``): its umask, arguments (the last
+at start (``nvshim.runtimed.trust.caller_decline_reason``): its umask, arguments (the last
 ``NARGS`` of its command line), environment, working directory, and stdio with
 ``pidfd_getfd`` (the same open files, not reopened ones). A kernel or policy that refuses
 any of it declines; the front then starts Python, which asks over the socket.

@@ -1,5 +1,5 @@
 """The messages between ``nvshim-runtime`` (``nvshim.runtime.client``) and
-``nvshim-runtimed`` (``nvshim.runtime.daemon``), one per ``SOCK_SEQPACKET`` packet: NUL
+``nvshim-runtimed`` (``nvshim.runtimed``), one per ``SOCK_SEQPACKET`` packet: NUL
 separated byte fields, the first a tag. No field can hold a NUL: they are argv
 entries, environment entries, paths and numbers. Built-in modules only: the client
 imports this for every GPU create.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build nvshim's self-contained host bundle (see nvshim/bundle.py for its layout).
+"""Build nvshim's self-contained host bundle (see nvshim/hostbundle.py for its layout).
 
     python3 packaging/bundle/build.py OUT [--prefix /usr/local/nvshim] [--python PATH]
 
@@ -7,7 +7,7 @@ The bundle carries the interpreter (the real binary behind --python, default the
 running this script), its standard library, nvshim and its dependencies (installed with
 pip from this checkout), the dynamic loader, glibc and every shared library any of those
 load, so it runs on hosts with an older glibc or no Python at all. The interpreter's
-PT_INTERP and DT_RPATH get long slots (patchelf) that ``nvshim.bundle.relocate`` fills with
+PT_INTERP and DT_RPATH get long slots (patchelf) that ``nvshim.hostbundle.relocate`` fills with
 the final prefix's loader and library directory. Needs: pip, patchelf, ldd.
 """
 
@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from nvshim import __version__  # noqa: E402
-from nvshim.bundle import (  # noqa: E402
+from nvshim.hostbundle import (  # noqa: E402
     INTERPRETER,
     MARKER,
     SITE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from nvshim.hook.kernel import host_proc
+from nvshim.rootfs.kernel import host_proc
 
 _OCTAL = frozenset("01234567")
 

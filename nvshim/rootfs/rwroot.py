@@ -17,9 +17,9 @@ from __future__ import annotations
 import errno
 import os
 
+from nvshim.defaults import fault_point
 from nvshim.errors import NvshimError, one_line
-from nvshim.hook import kernel
-from nvshim.runtime import fault_point
+from nvshim.rootfs import kernel
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:

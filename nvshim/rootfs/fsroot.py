@@ -15,7 +15,7 @@ import os
 import posixpath
 import stat
 
-from nvshim.hook import kernel
+from nvshim.rootfs import kernel
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ import errno
 import os
 
 from nvshim.errors import NvshimError
-from nvshim.hook import kernel
+from nvshim.rootfs import kernel
 
 AT_FDCWD = -100
 BASE_ATTRS = kernel.MOUNT_ATTR_NOSUID | kernel.MOUNT_ATTR_NODEV

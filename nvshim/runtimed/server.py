@@ -1,0 +1,200 @@
+"""nvshim-runtimed's parent process: it preloads what a call may import, listens on the
+socket and the slots, and runs its pool of workers until SIGTERM."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import pkgutil
+import select
+import signal
+import socket
+import time
+
+import nvshim
+from nvshim import __version__
+from nvshim.errors import NvshimError, one_line
+from nvshim.fsutil import file_identity
+from nvshim.runtime.slots import SLOTS, Slots, pidfd_getfd, slots_name
+from nvshim.runtimed import say
+from nvshim.runtimed.pool import Limits, Pool, decline_busy
+from nvshim.runtimed.trust import check_cache_dir, remember_own
+from nvshim.trusted import CACHE_DIR
+
+# What calls through nvshim-runtime may import; the CLI, installer, doctor and exporter
+# never run there.
+PRELOAD_PACKAGES = (
+    "runtime",
+    "runtimed",
+    "hook",
+    "rootfs",
+    "policy",
+    "host",
+    "mps",
+    "oci",
+    "cdi",
+    "pairing",
+)
+PRELOAD_MODULES = (
+    "config", "defaults", "edits", "errors", "fastjson", "filecache", "fsutil",
+    "hookentries", "ldcache", "log", "record", "trusted",
+)  # fmt: skip
+# imported inside functions on a call's path: a configuration or inventory cache miss
+# (TOML, NVML), an MPS daemon query
+PRELOAD_LAZY = ("tomllib", "pynvml", "subprocess")
+
+
+def preload() -> list[str]:
+    """Import what a call may need; the modules that failed to import (named)."""
+    failed = []
+    names = [*PRELOAD_LAZY, *(f"nvshim.{m}" for m in PRELOAD_MODULES)]
+    for package in PRELOAD_PACKAGES:
+        module = importlib.import_module(f"nvshim.{package}")
+        names += [i.name for i in pkgutil.walk_packages(module.__path__, f"nvshim.{package}.")]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - an optional dependency; the call imports it
+            failed.append(f"{name} ({one_line(err)})")
+    return failed
+
+
+def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
+    """A non-blocking socket bound at ``path`` (replaced atomically), mode 0600: the
+    listener and the identity of the socket file, to remove it at exit only if it is
+    still ours."""
+    staging = f"{path}.{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        if os.path.lexists(staging):
+            os.unlink(staging)
+        listener.bind(staging)
+        os.chmod(staging, 0o600)
+        listener.listen(1024)
+        listener.setblocking(False)  # workers poll, then race to accept
+        identity = file_identity(staging)
+        os.rename(staging, path)
+    except OSError as err:
+        listener.close()
+        raise NvshimError(f"{path}: cannot listen: {err.strerror}") from None
+    return listener, identity
+
+
+def sweep_markers() -> None:
+    """Remove the exec markers whose container is gone; one line for each."""
+    from nvshim.runtime.markers import sweep
+
+    for name, root in sweep(CACHE_DIR, time.time()):
+        say(2, f"exec marker {name} removed: no container {name} in {root}")
+
+
+def _stop(*_) -> None:
+    raise SystemExit(0)
+
+
+def _notify_ready() -> None:
+    """Tell systemd (``Type=notify``) the socket is live."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        try:
+            sock.sendto(b"READY=1", address)
+        except OSError:
+            pass
+
+
+def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> None:
+    """Listen at ``path`` and on the slots (``nvshim.runtime.slots``) and serve calls
+    with a pool of workers until SIGTERM."""
+    limits = limits or Limits()
+    check_cache_dir(os.path.dirname(path))
+    remember_own()
+    failed = preload()
+    for name in failed:
+        say(2, f"not preloaded: {name}")
+    listener, identity = listen(path)
+    slots = make_slots()
+    pool = Pool(listener, verbose, limits, slots)
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    os.set_blocking(pool.status_r, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes poll through wake_w
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    gc.freeze()  # the workers share the imported modules' pages instead of copying them
+    ups = {} if slots is None else {slots.fds[k][1]: k for k in range(SLOTS)}
+    sweep_markers()
+    swept = time.monotonic()
+    try:
+        for _ in range(limits.workers):
+            pool.spawn()
+        where = path if slots is None else f"{path} and {slots.path}"
+        say(2, f"listening on {where} (nvshim {__version__})")
+        _notify_ready()
+        poller, watched, listening = select.poll(), set(), False
+        for fd in (pool.status_r, wake_r):
+            poller.register(fd, select.POLLIN)
+        while True:
+            wanted = {slots.fds[k][1] for k in pool.waiting()} if slots else set()
+            for fd in watched - wanted:
+                poller.unregister(fd)
+            for fd in wanted - watched:
+                poller.register(fd, select.POLLIN)
+            watched = wanted
+            busy = pool.overdue()  # then the parent declines connections no worker takes
+            if busy != listening:
+                (poller.register if busy else poller.unregister)(listener.fileno())
+                listening = busy
+            for fd, _ in poller.poll(pool.wait_ms()):
+                if fd == wake_r:
+                    _drain(wake_r)
+                elif fd == listener.fileno():
+                    decline_busy(listener, len(pool.workers))
+                elif fd in ups and ups[fd] not in pool.flights:
+                    pool.requested(ups[fd])
+            pool.read_status()
+            pool.reap()
+            pool.tend()
+            pool.dispatch()
+            pool.sweep()
+            if time.monotonic() - swept >= limits.marker_sweep:
+                sweep_markers()
+                swept = time.monotonic()
+    finally:
+        if file_identity(path) == identity:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if slots is not None:
+            slots.remove()
+        pool.stop()
+        listener.close()
+
+
+def make_slots() -> Slots | None:
+    """This daemon's slots, or None (said why) where the kernel cannot hand a caller's
+    stdio over (``pidfd_getfd``, Linux 5.6): fronts then start Python."""
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+        try:
+            os.close(pidfd_getfd(pidfd, 2))
+        finally:
+            os.close(pidfd)
+    except OSError as err:
+        say(2, f"no slots, every GPU create starts Python: pidfd_getfd: {err.strerror}")
+        return None
+    return Slots(os.path.join(CACHE_DIR, slots_name(__version__, nvshim.__file__)))
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass

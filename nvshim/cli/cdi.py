@@ -71,7 +71,7 @@ def spec_options(func):
 @click.option("-o", "--output", metavar="FILE", help="Write here (atomically) instead of stdout.")
 @spec_options
 def generate(output, driver_root, dev_root, config, **options) -> None:
-    """Write a CDI spec for every GPU and MIG device of this host, plus ``all``.
+    """Write a CDI spec for every GPU and MIG device of this host, plus "all".
 
     With --sharing, a spec whose devices are the MPS-shared ones, each carrying its MPS
     pipe directory, limits and /dev/shm (cdiVersion 0.6.0 for the dotted class; podman 4.3

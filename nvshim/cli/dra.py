@@ -38,8 +38,20 @@ def dra() -> None:
 @dra.command()
 @_node_option
 @_kubeconfig_option
-@click.option("--kubelet-dir", default=DEFAULT_KUBELET_DIR, show_default=True, metavar="DIR")
-@click.option("--cdi-dir", default=DEFAULT_CDI_DIR, show_default=True, metavar="DIR")
+@click.option(
+    "--kubelet-dir",
+    default=DEFAULT_KUBELET_DIR,
+    show_default=True,
+    metavar="DIR",
+    help="The kubelet's root: its plugins_registry and plugins directories are under it.",
+)
+@click.option(
+    "--cdi-dir",
+    default=DEFAULT_CDI_DIR,
+    show_default=True,
+    metavar="DIR",
+    help="Where each prepared claim's transient CDI spec is written.",
+)
 @click.option(
     "--mps-root",
     default=DEFAULT_MPS_ROOT,

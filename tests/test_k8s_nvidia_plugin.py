@@ -233,7 +233,7 @@ def test_strategy_matrix(node, mig_strategy, list_strategy, id_strategy):
     # containerd cells hold it (on CRI-O a refused pod is deleted once its events say why)
     if list_strategy in STAND_IN and id_strategy == "uuid" and node.k8s.engine != "crio":
         hold_stand_in(node, name, list_strategy)
-    node.kubectl("delete", "pod", "-n", node.ns, name, "--wait=false")
+    node.kubectl("delete", "pod", "-n", node.ns, name, "--wait=false", "--ignore-not-found")
 
 
 def hold_stand_in(node: PluginNode, pod: str, list_strategy: str) -> None:

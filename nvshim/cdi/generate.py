@@ -55,15 +55,17 @@ class SpecRequest:
             validate_class(cls)
         except ValueError as err:
             raise UsageError(str(err)) from None
-        flag_warnings: list[str] = []
-        parse_capabilities(capabilities, "", flag_warnings, source="--capabilities")
-        if flag_warnings:  # a typo in a flag is the caller's to fix, not a warning
-            known = ", ".join(("all",) + CAPABILITIES)
-            raise UsageError(f"{flag_warnings[0]}; known: {known}".replace(" ignored;", ";"))
         cap_warnings: list[str] = []
         caps = parse_capabilities(
-            capabilities, config.get("policy", "default-capabilities"), cap_warnings
+            capabilities,
+            config.get("policy", "default-capabilities"),
+            cap_warnings,
+            source="--capabilities",
         )
+        flagged = [w for w in cap_warnings if w.startswith("--capabilities: ")]
+        if flagged:  # a typo in a flag is the caller's to fix, not a warning
+            known = ", ".join(("all",) + CAPABILITIES)
+            raise UsageError(f"{flagged[0].removesuffix(' ignored')}; known: {known}")
         for warning in cap_warnings:
             warn(warning)
         return SpecRequest(

@@ -9,6 +9,7 @@ import sys
 import click
 
 from nvshim import __version__
+from nvshim.cli.common import option
 from nvshim.console import guarded
 
 # name -> "module:attribute"; each module is imported only when its command runs.
@@ -58,8 +59,8 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nvshim")
-@click.option("-d", "--debug", is_flag=True, help="Tracebacks on internal errors.")
-@click.option("--quiet", is_flag=True, help="Print warnings and errors only.")
+@option("-d", "--debug", is_flag=True, env="NVSHIM_DEBUG", help="Tracebacks on internal errors.")
+@option("--quiet", is_flag=True, help="Print warnings and errors only.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """nvshim: give containers exactly the GPUs they were given, and nothing more."""
@@ -80,6 +81,15 @@ def _click_main(argv: list[str] | None) -> None:
     except click.exceptions.Abort:
         click.echo("nvshim: aborted", err=True)
         sys.exit(1)
+    except getattr(click.exceptions, "NoArgsIsHelpError", ()) as err:  # a group alone: its help
+        err.show()
+        sys.exit(err.exit_code)
+    except click.UsageError as err:
+        from nvshim.errors import usage_line
+
+        command = err.ctx.command_path if err.ctx is not None else "nvshim"
+        click.echo(usage_line("nvshim", err.format_message(), command), err=True)
+        sys.exit(err.exit_code)
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)

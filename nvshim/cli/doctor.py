@@ -8,7 +8,9 @@ import sys
 
 import click
 
-from nvshim.cli.common import root_options
+from nvshim.cdi.registry import DEFAULT_SPEC_DIRS
+from nvshim.cli.common import option, root_options
+from nvshim.doctor.context import DEFAULT_HOOKS_DIRS
 from nvshim.engines import ENGINES
 
 
@@ -16,16 +18,45 @@ def context_options(func):
     """The options that say what to check (engine, spec and hook dirs, roots); the command
     gets ``make_context``, a function returning a fresh doctor Context."""
     options = [
-        click.option(
+        option(
             "--engine",
+            "--runtime",
+            "engine",
             type=click.Choice(ENGINES),
-            help="Container engine to check [env NVSHIM_ENGINE; default: the first found].",
+            hidden_opts=("--runtime",),
+            env="NVSHIM_ENGINE",
+            shown_default="the first found",
+            help="Container engine to check.",
         ),
-        click.option("--engine-config", metavar="FILE", help="Engine config file (as configure)."),
-        click.option("--socket", metavar="PATH", help="Engine socket (as configure)."),
-        click.option("--runtime-name", help="Runtime (handler) name [nvshim]."),
-        click.option("--cdi-dir", "cdi_dirs", multiple=True, metavar="DIR", help="Repeatable."),
-        click.option("--hooks-dir", "hooks_dirs", multiple=True, metavar="DIR", help="Repeatable."),
+        option(
+            "--engine-config",
+            metavar="FILE",
+            shown_default="as nvshim configure",
+            help="The engine's config file.",
+        ),
+        option(
+            "--socket",
+            metavar="PATH",
+            shown_default="as nvshim configure",
+            help="Engine socket.",
+        ),
+        option("--runtime-name", shown_default="nvshim", help="Runtime (handler) name."),
+        option(
+            "--cdi-dir",
+            "cdi_dirs",
+            multiple=True,
+            metavar="DIR",
+            shown_default=", ".join(DEFAULT_SPEC_DIRS),
+            help="A CDI spec directory to check; repeatable.",
+        ),
+        option(
+            "--hooks-dir",
+            "hooks_dirs",
+            multiple=True,
+            metavar="DIR",
+            shown_default=", ".join(DEFAULT_HOOKS_DIRS),
+            help="An OCI hooks directory to check; repeatable.",
+        ),
     ]
 
     @functools.wraps(func)
@@ -49,14 +80,14 @@ def context_options(func):
         return func(*args, make_context=make_context, **kw)
 
     wrapper = root_options(wrapper)
-    for option in reversed(options):
-        wrapper = option(wrapper)
+    for one in reversed(options):
+        wrapper = one(wrapper)
     return wrapper
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@click.option("--check", "only", multiple=True, metavar="NAME", help="Run only these checks.")
+@option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@option("--check", "only", multiple=True, metavar="NAME", help="Run only this check; repeatable.")
 @context_options
 def doctor(as_json, only, make_context) -> None:
     """Check the driver, device nodes, engine, CDI specs and sharing; exit 1 if any fails."""

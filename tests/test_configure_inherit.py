@@ -25,7 +25,15 @@ def clean_env(monkeypatch):
 
 
 def ctd(path: Path, *extra: str) -> list[str]:
-    return ["--engine", "containerd", "--engine-config", str(path), "--cgroup-driver", "cgroupfs", *extra]
+    return [
+        "--engine",
+        "containerd",
+        "--engine-config",
+        str(path),
+        "--cgroup-driver",
+        "cgroupfs",
+        *extra,
+    ]
 
 
 def runtime(path: Path, name: str = "nvshim") -> dict:

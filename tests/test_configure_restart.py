@@ -231,14 +231,28 @@ def test_systemd_restarts_the_unit(tmp_path, capsys, monkeypatch, engine, unit):
     log = _fake_systemctl(tmp_path, monkeypatch, "exit 0")
     config = tmp_path / ("config.toml" if engine == "containerd" else "daemon.json")
     code, out, err = nvshim(
-        capsys, "configure", "--engine", engine, "--engine-config", str(config), "--restart", "systemd"
+        capsys,
+        "configure",
+        "--engine",
+        engine,
+        "--engine-config",
+        str(config),
+        "--restart",
+        "systemd",
     )
     assert code == 0, err
     assert log.read_text() == f"restart {unit}\n"
     assert out.splitlines()[-1] == f"restarted {unit} with systemctl"
     # A run that changes nothing restarts nothing.
     nvshim(
-        capsys, "configure", "--engine", engine, "--engine-config", str(config), "--restart", "systemd"
+        capsys,
+        "configure",
+        "--engine",
+        engine,
+        "--engine-config",
+        str(config),
+        "--restart",
+        "systemd",
     )
     assert log.read_text() == f"restart {unit}\n"
 
@@ -249,7 +263,14 @@ def test_systemd_failure_is_one_line(tmp_path, capsys, monkeypatch):
     )
     config = tmp_path / "crio.conf.d" / "99-nvshim.toml"
     code, _, err = nvshim(
-        capsys, "configure", "--engine", "crio", "--engine-config", str(config), "--restart", "systemd"
+        capsys,
+        "configure",
+        "--engine",
+        "crio",
+        "--engine-config",
+        str(config),
+        "--restart",
+        "systemd",
     )
     assert code == 1
     assert err == (

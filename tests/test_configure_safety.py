@@ -320,7 +320,9 @@ def test_bad_boolean_in_environment(tmp_path, capsys, monkeypatch):
 def test_docker_features_map_is_merged_not_replaced(tmp_path, capsys):
     config = tmp_path / "daemon.json"
     config.write_text('{\n\t"features": {\n\t\t"buildkit": true\n\t}\n}\n')
-    nvshim(capsys, "configure", "--engine", "docker", "--engine-config", str(config), "--enable-cdi")
+    nvshim(
+        capsys, "configure", "--engine", "docker", "--engine-config", str(config), "--enable-cdi"
+    )
     assert json.loads(config.read_text())["features"] == {"buildkit": True, "cdi": True}
     assert config.read_text().startswith('{\n\t"features": {\n\t\t"buildkit": true,\n')
 

@@ -187,13 +187,14 @@ def resolve_settings(
 ) -> Settings:
     """Merge command-line ``options`` (``None`` = not given) with ``env`` and defaults."""
     env = os.environ if env is None else env
+    source = "--engine"
     if engine is None:
         found = from_env("engine", "*", env)
         if found is None:
             raise UsageError("--engine is required: containerd, docker or crio")
-        engine = found[1]
+        source, engine = found
     if engine not in ENGINES:
-        raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+        raise UsageError(f"{source} {engine!r}: expected one of {', '.join(ENGINES)}")
 
     values: dict[str, Any] = {"engine": engine}
     sources: dict[str, str] = {}

@@ -18,7 +18,7 @@ from nvshim.trusted import CACHE_DIR
 def _command():
     import click
 
-    from nvshim.cli.common import option
+    from nvshim.options import option
 
     default = Limits()
 

@@ -87,7 +87,15 @@ def context_options(func):
 
 @click.command()
 @option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@option("--check", "only", multiple=True, metavar="NAME", help="Run only this check; repeatable.")
+@option(
+    "--only",
+    "--check",  # its earlier name (configure's --check is its drift check)
+    "only",
+    multiple=True,
+    metavar="NAME",
+    hidden_opts=("--check",),
+    help="Run only this check; repeatable.",
+)
 @context_options
 def doctor(as_json, only, make_context) -> None:
     """Check the driver, device nodes, engine, CDI specs and sharing; exit 1 if any fails."""
@@ -96,7 +104,7 @@ def doctor(as_json, only, make_context) -> None:
 
     unknown = [n for n in only if n not in load_checks()]
     if unknown:
-        raise UsageError(f"--check {unknown[0]}: no such check ({', '.join(load_checks())})")
+        raise UsageError(f"--only {unknown[0]}: no such check ({', '.join(load_checks())})")
     results = run_checks(make_context(), tuple(only))
     code = exit_code(results)
     if as_json:

@@ -230,30 +230,13 @@ def _fake_systemctl(tmp_path: Path, monkeypatch, body: str) -> Path:
 def test_systemd_restarts_the_unit(tmp_path, capsys, monkeypatch, engine, unit):
     log = _fake_systemctl(tmp_path, monkeypatch, "exit 0")
     config = tmp_path / ("config.toml" if engine == "containerd" else "daemon.json")
-    code, out, err = nvshim(
-        capsys,
-        "configure",
-        "--engine",
-        engine,
-        "--engine-config",
-        str(config),
-        "--restart",
-        "systemd",
-    )
+    argv = ["configure", "--engine", engine, "--engine-config", str(config)]
+    code, out, err = nvshim(capsys, *argv, "--restart", "systemd")
     assert code == 0, err
     assert log.read_text() == f"restart {unit}\n"
     assert out.splitlines()[-1] == f"restarted {unit} with systemctl"
     # A run that changes nothing restarts nothing.
-    nvshim(
-        capsys,
-        "configure",
-        "--engine",
-        engine,
-        "--engine-config",
-        str(config),
-        "--restart",
-        "systemd",
-    )
+    nvshim(capsys, *argv, "--restart", "systemd")
     assert log.read_text() == f"restart {unit}\n"
 
 

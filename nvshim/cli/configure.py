@@ -7,8 +7,7 @@ from typing import Any
 
 import click
 
-from nvshim.cli.common import option
-from nvshim.engines import ENGINES
+from nvshim.cli.common import engine_options, option
 from nvshim.engines.settings import CGROUP_DRIVERS, RESTART_MODES
 
 ALIASES = {  # nvidia-ctk option -> nvshim option
@@ -25,39 +24,22 @@ _BOTH = True
 
 def _engine_options(configure: bool) -> Callable[[Callable], Callable]:
     """The options of ``configure`` (all) or ``unconfigure`` (those marked ``_BOTH``)."""
+    engine, config, socket, runtime_name = engine_options(
+        "Container engine to configure.",
+        config="containerd /etc/containerd/config.toml, docker /etc/docker/daemon.json,"
+        " crio /etc/crio/crio.conf.d/99-nvshim.toml",
+        socket="the engine's usual socket; only --restart signal uses it",
+    )
     options = [
-        (_BOTH, option(
-            "--engine",
-            "--runtime",  # nvidia-ctk's name
-            "engine",
-            type=click.Choice(ENGINES),
-            hidden_opts=("--runtime",),
-            env="NVSHIM_ENGINE",
-            help="Container engine to configure.",
-        )),
-        (_BOTH, option(
-            "--engine-config",
-            "--config",  # nvidia-ctk's name
-            "config",
-            metavar="FILE",
-            hidden_opts=("--config",),
-            env=("NVSHIM_<ENGINE>_CONFIG", "RUNTIME_CONFIG", "<ENGINE>_CONFIG"),
-            shown_default="containerd /etc/containerd/config.toml, docker"
-            " /etc/docker/daemon.json, crio /etc/crio/crio.conf.d/99-nvshim.toml",
-            help="The engine's config file.",
-        )),
+        (_BOTH, engine),
+        (_BOTH, config),
         (_BOTH, option(
             "--drop-in",
             metavar="FILE",
             env="NVSHIM_CONTAINERD_DROP_IN",
             help="containerd 2.1+: put the settings in this file and import it.",
         )),
-        (_BOTH, option(
-            "--runtime-name",
-            env=("NVSHIM_RUNTIME_NAME", "NVIDIA_RUNTIME_NAME"),
-            shown_default="nvshim",
-            help="Runtime (handler) name.",
-        )),
+        (_BOTH, runtime_name),
         (_BOTH, option(
             "--runtime-path",
             metavar="FILE",
@@ -90,13 +72,7 @@ def _engine_options(configure: bool) -> Callable[[Callable], Callable]:
             help="How to make the engine reload: none, signal (SIGHUP the socket's owner)"
             " or systemd.",
         )),
-        (_BOTH, option(
-            "--socket",
-            metavar="PATH",
-            env=("NVSHIM_<ENGINE>_SOCKET", "RUNTIME_SOCKET", "<ENGINE>_SOCKET"),
-            shown_default="the engine's usual socket",
-            help="Engine socket for --restart signal.",
-        )),
+        (_BOTH, socket),
         (False, option(
             "--config-source",
             env=("NVSHIM_CONFIG_SOURCE", "RUNTIME_CONFIG_SOURCES"),

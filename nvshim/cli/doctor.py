@@ -9,54 +9,26 @@ import sys
 import click
 
 from nvshim.cdi.registry import DEFAULT_SPEC_DIRS
-from nvshim.cli.common import option, root_options
+from nvshim.cli.common import engine_options, option, root_options
 from nvshim.doctor.context import DEFAULT_HOOKS_DIRS
-from nvshim.engines import ENGINES
+
+
+def _dirs(name: str, defaults: tuple[str, ...], text: str):
+    """A repeatable directory option (``--cdi-dir`` into ``cdi_dirs``)."""
+    dest = name[2:].replace("-", "_") + "s"
+    return option(name, dest, multiple=True, metavar="DIR", shown_default=", ".join(defaults),
+                  help=text)  # fmt: skip
 
 
 def context_options(func):
     """The options that say what to check (engine, spec and hook dirs, roots); the command
     gets ``make_context``, a function returning a fresh doctor Context."""
     options = [
-        option(
-            "--engine",
-            "--runtime",
-            "engine",
-            type=click.Choice(ENGINES),
-            hidden_opts=("--runtime",),
-            env="NVSHIM_ENGINE",
-            shown_default="the first found",
-            help="Container engine to check.",
-        ),
-        option(
-            "--engine-config",
-            metavar="FILE",
-            shown_default="as nvshim configure",
-            help="The engine's config file.",
-        ),
-        option(
-            "--socket",
-            metavar="PATH",
-            shown_default="as nvshim configure",
-            help="Engine socket.",
-        ),
-        option("--runtime-name", shown_default="nvshim", help="Runtime (handler) name."),
-        option(
-            "--cdi-dir",
-            "cdi_dirs",
-            multiple=True,
-            metavar="DIR",
-            shown_default=", ".join(DEFAULT_SPEC_DIRS),
-            help="A CDI spec directory to check; repeatable.",
-        ),
-        option(
-            "--hooks-dir",
-            "hooks_dirs",
-            multiple=True,
-            metavar="DIR",
-            shown_default=", ".join(DEFAULT_HOOKS_DIRS),
-            help="An OCI hooks directory to check; repeatable.",
-        ),
+        *engine_options(
+            "Container engine to check.", config_dest="engine_config", engine="the first found"
+        ),  # fmt: skip
+        _dirs("--cdi-dir", DEFAULT_SPEC_DIRS, "A CDI spec directory to check; repeatable."),
+        _dirs("--hooks-dir", DEFAULT_HOOKS_DIRS, "An OCI hooks directory to check; repeatable."),
     ]
 
     @functools.wraps(func)

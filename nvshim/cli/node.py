@@ -8,24 +8,20 @@ from typing import Any
 
 import click
 
-from nvshim.cli.common import option
-from nvshim.engines import ENGINES
+from nvshim.cli.common import engine_options, option
 from nvshim.engines.settings import RESTART_MODES
 
 
 def _node_options(keep: bool = True) -> Callable[[Callable], Callable]:
     """The installer's options; ``keep``: with ``--keep`` (the commands that uninstall)."""
+    engine, config, socket, runtime_name = engine_options(
+        "Engine to register with.",
+        env=("NVSHIM_ENGINE", "RUNTIME"),
+        where=", a host path",
+        engine="docker",
+    )
     options = [
-        option(
-            "--engine",
-            "--runtime",  # the toolkit installer's name
-            "engine",
-            type=click.Choice(ENGINES),
-            hidden_opts=("--runtime",),
-            env=("NVSHIM_ENGINE", "RUNTIME"),
-            shown_default="docker",
-            help="Engine to register with.",
-        ),
+        engine,
         option(
             "--host-root",
             metavar="DIR",
@@ -40,29 +36,9 @@ def _node_options(keep: bool = True) -> Callable[[Callable], Callable]:
             shown_default="/usr/local/nvshim",
             help="Host directory nvshim is installed in.",
         ),
-        option(
-            "--engine-config",
-            "--config",  # nvidia-ctk's name
-            "config",
-            metavar="FILE",
-            hidden_opts=("--config",),
-            env=("NVSHIM_<ENGINE>_CONFIG", "RUNTIME_CONFIG", "<ENGINE>_CONFIG"),
-            shown_default="as nvshim configure",
-            help="The engine's config file, a host path.",
-        ),
-        option(
-            "--socket",
-            metavar="PATH",
-            env=("NVSHIM_<ENGINE>_SOCKET", "RUNTIME_SOCKET", "<ENGINE>_SOCKET"),
-            shown_default="as nvshim configure",
-            help="Engine socket, a host path.",
-        ),
-        option(
-            "--runtime-name",
-            env=("NVSHIM_RUNTIME_NAME", "NVIDIA_RUNTIME_NAME"),
-            shown_default="nvshim",
-            help="Runtime (handler) name.",
-        ),
+        config,
+        socket,
+        runtime_name,
         option(
             "--restart",
             type=click.Choice(RESTART_MODES),

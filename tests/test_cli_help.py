@@ -246,3 +246,7 @@ def test_usage_errors_name_the_flag_or_variable():
     assert proc.returncode == 2
     _one_error(proc, "nvshim", "'--engine'", "'dockr' is not one of")
     assert "'--runtime'" not in proc.stderr  # the hidden name is not offered
+    proc = run_nvshim("--quiet", "cdi", "generate", "--format")  # click gives no command
+    assert proc.returncode == 2
+    line = _one_error(proc, "nvshim", "option '--format' requires an argument")
+    assert line.endswith("; try 'nvshim cdi generate --help'"), line

@@ -87,7 +87,7 @@ def _click_main(argv: list[str] | None) -> None:
     except click.UsageError as err:
         from nvshim.errors import usage_line
 
-        command = err.ctx.command_path if err.ctx is not None else "nvshim"
+        command = err.ctx.command_path if err.ctx is not None else _command_path(argv)
         click.echo(usage_line("nvshim", err.format_message(), command), err=True)
         sys.exit(err.exit_code)
     except click.ClickException as err:
@@ -95,3 +95,18 @@ def _click_main(argv: list[str] | None) -> None:
         sys.exit(err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
+
+
+def _command_path(argv: list[str] | None) -> str:
+    """``nvshim cdi generate`` for a command line (click leaves some errors without it)."""
+    cmd: click.Command = cli
+    path = ["nvshim"]
+    for word in sys.argv[1:] if argv is None else argv:
+        if not isinstance(cmd, click.Group) or word.startswith("-"):
+            continue
+        sub = cmd.get_command(click.Context(cmd), word)
+        if sub is None:
+            break
+        path.append(word)
+        cmd = sub
+    return " ".join(path)

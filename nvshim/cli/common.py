@@ -62,6 +62,7 @@ def engine_options(
         ),
         option(
             "--runtime-name",
+            metavar="NAME",
             env=("NVSHIM_RUNTIME_NAME", "NVIDIA_RUNTIME_NAME"),
             shown_default="nvshim",
             help="Runtime (handler) name.",

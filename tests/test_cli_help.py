@@ -163,6 +163,15 @@ def test_one_name_and_one_metavar_per_thing():
             assert name in metavars or f"{name} " in hook, f"docs/commands.md: {name}"
 
 
+def test_every_program_prints_its_version_alike(launchers):
+    shown = [run_nvshim("--version").stdout]
+    for program in ("nvshim-hook", "nvshim-runtimed"):
+        shown.append(_run([f"{launchers}/{program}", "--version"]).stdout)
+    names = [line.split(" version ")[0] for line in shown]
+    assert names == ["nvshim", "nvshim-hook", "nvshim-runtimed"], shown
+    assert len({line.split(" version ")[1] for line in shown}) == 1, shown
+
+
 def test_nvidia_ctk_names_still_work_unshown(tmp_path):
     config = tmp_path / "daemon.json"
     argv = ["configure", "--runtime", "docker", "--config", str(config), "--dry-run"]

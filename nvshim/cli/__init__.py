@@ -58,7 +58,7 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="nvshim")
+@click.version_option(__version__, prog_name="nvshim", message="%(prog)s version %(version)s")
 @option("-d", "--debug", is_flag=True, env="NVSHIM_DEBUG", help="Tracebacks on internal errors.")
 @option("--quiet", is_flag=True, help="Print warnings and errors only.")
 @click.pass_context

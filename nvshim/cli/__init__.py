@@ -9,8 +9,8 @@ import sys
 import click
 
 from nvshim import __version__
-from nvshim.cli.common import option
 from nvshim.console import guarded
+from nvshim.options import option
 
 # name -> "module:attribute"; each module is imported only when its command runs.
 COMMANDS = {

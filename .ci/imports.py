@@ -71,6 +71,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "nvshim.fsutil",
             "nvshim.ldcache",
             "nvshim.log",
+            "nvshim.options",
             "nvshim.record",
             "nvshim.trusted",
         ),

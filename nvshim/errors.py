@@ -28,6 +28,27 @@ def did_you_mean(name: object, known) -> str:
 
 
 class UsageError(NvshimError):
-    """Bad input given on the command line or in a file named on it."""
+    """Bad input given on the command line or in a file named on it; ``help_command``:
+    the command whose ``--help`` shows the fix (a parser's error), else None."""
 
     exit_code = 2
+    help_command: str | None = None
+
+
+def error_line(program: str, err: NvshimError) -> str:
+    """The one line ``program`` prints for ``err`` (see :func:`usage_line`)."""
+    command = getattr(err, "help_command", None)
+    return usage_line(program, str(err), command) if command else f"{program}: error: {err}"
+
+
+def usage_line(program: str, message: str, command: str) -> str:
+    """A usage error as every nvshim program prints it, one line (docs/commands.md
+    "Conventions"): ``PROGRAM: error: WHAT (did you mean X?); try 'COMMAND --help'``.
+    ``message`` may be click's (``No such option '--x'. Did you mean '--y'?``)."""
+    text = " ".join(message.split()).replace(". (Did you mean", " (did you mean")
+    head, sep, tail = text.partition(" Did you mean ")
+    text = head.rstrip(".")
+    if sep:
+        text += f" (did you mean {tail.rstrip('?')}?)"
+    text = text[:1].lower() + text[1:]
+    return f"{program}: error: {text}; try '{command} --help'"

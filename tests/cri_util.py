@@ -344,9 +344,9 @@ def configure_containerd(config: str | os.PathLike, runtime_path: str, *extra: s
 
     proc = run_nvshim(
         "configure",
-        "--runtime",
+        "--engine",
         "containerd",
-        "--config",
+        "--engine-config",
         os.fspath(config),
         "--runtime-path",
         runtime_path,

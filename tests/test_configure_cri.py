@@ -91,9 +91,9 @@ def test_pod_on_nvshim_handler_gets_requested_gpu(tmp_path, sim_hosts, launchers
             assert "nvshim" not in ctd.cri_config()["containerd"]["runtimes"]
             done = run_nvshim(
                 "configure",
-                "--runtime",
+                "--engine",
                 "containerd",
-                "--config",
+                "--engine-config",
                 str(config),
                 "--runtime-path",
                 runtime_path,

@@ -25,7 +25,15 @@ def clean_env(monkeypatch):
 
 
 def ctd(path: Path, *extra: str) -> list[str]:
-    return ["--runtime", "containerd", "--config", str(path), "--cgroup-driver", "cgroupfs", *extra]
+    return [
+        "--engine",
+        "containerd",
+        "--engine-config",
+        str(path),
+        "--cgroup-driver",
+        "cgroupfs",
+        *extra,
+    ]
 
 
 def runtime(path: Path, name: str = "nvshim") -> dict:
@@ -66,7 +74,7 @@ def test_an_import_holding_the_cri_table_is_refused_before_containerd_2_1(tmp_pa
     assert one_error_line(err) == (
         f"nvshim: error: {dropin} (imported by {config}) holds the "
         'plugins."io.containerd.grpc.v1.cri" table, which replaces the main file\'s whole '
-        f"before containerd 2.1: configure that file instead (--config {dropin})"
+        f"before containerd 2.1: configure that file instead (--engine-config {dropin})"
     )
     assert tree(tmp_path) == before
     # as told: the drop-in gets the runtime, with the options of its runc
@@ -233,9 +241,9 @@ def test_crio_copies_every_key_and_takes_the_override(tmp_path, capsys, monkeypa
     code, _, err = run_cli(
         capsys,
         "configure",
-        "--runtime",
+        "--engine",
         "crio",
-        "--config",
+        "--engine-config",
         str(dropin),
         "--runtime-config-override",
         '{"privileged_without_host_devices": true}',
@@ -261,7 +269,7 @@ def test_gpu_operator_installer_names_first_wins_go_booleans(tmp_path, capsys, m
     monkeypatch.setenv("CONTAINERD_RUNTIME_CLASS", "not-this")
     monkeypatch.setenv("NVIDIA_RUNTIME_SET_AS_DEFAULT", "T")  # Go's ParseBool
     monkeypatch.setenv("RUNTIME_ENABLE_CDI", "F")
-    code, _, err = run_cli(capsys, "configure", "--runtime", "containerd")
+    code, _, err = run_cli(capsys, "configure", "--engine", "containerd")
     assert code == 0, err
     cri = tomllib.loads(config.read_text())["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["containerd"]["default_runtime_name"] == "gpu"
@@ -290,13 +298,13 @@ def test_crio_config_source_command_reads_crio_status_config(tmp_path, capsys, m
     (bin_dir / "crio").chmod(0o755)
     (tmp_path / "crio.conf").write_text('[crio.runtime.runtimes.runc]\nruntime_root = "/file"\n')
     dropin = tmp_path / "crio.conf.d" / "99-nvshim.toml"
-    argv = ["configure", "--runtime", "crio", "--config", str(dropin)]
+    argv = ["configure", "--engine", "crio", "--engine-config", str(dropin)]
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     code, _, err = run_cli(capsys, *argv, "--config-source", "command,file")
     assert code == 0, err
     table = tomllib.loads(dropin.read_text())["crio"]["runtime"]["runtimes"]["nvshim"]
     assert table["runtime_root"] == "/run/effective-root"
-    run_cli(capsys, "unconfigure", "--runtime", "crio", "--config", str(dropin))
+    run_cli(capsys, "unconfigure", "--engine", "crio", "--engine-config", str(dropin))
     (bin_dir / "crio").write_text("#!/bin/sh\nexit 1\n")  # daemon not running: the files
     code, _, err = run_cli(capsys, *argv, "--config-source", "command,file")
     assert code == 0, err

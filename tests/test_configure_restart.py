@@ -50,9 +50,9 @@ def test_signal_restarts_the_daemon_on_the_socket_and_no_other(tmp_path, capsys)
         code, out, err = nvshim(
             capsys,
             "configure",
-            "--runtime",
+            "--engine",
             "containerd",
-            "--config",
+            "--engine-config",
             str(config_a),
             "--set-as-default",
             "--restart",
@@ -74,9 +74,9 @@ def test_signal_restarts_the_daemon_on_the_socket_and_no_other(tmp_path, capsys)
         code, out, _ = nvshim(
             capsys,
             "unconfigure",
-            "--runtime",
+            "--engine",
             "containerd",
-            "--config",
+            "--engine-config",
             str(config_a),
             "--restart",
             "signal",
@@ -131,9 +131,9 @@ def test_signal_docker_among_several_daemons(tmp_path, capsys):
         code, out, err = nvshim(
             capsys,
             "configure",
-            "--runtime",
+            "--engine",
             "docker",
-            "--config",
+            "--engine-config",
             str(config),
             "--restart",
             "signal",
@@ -162,9 +162,9 @@ def test_signal_with_a_missing_socket_fails_before_writing(tmp_path, capsys):
     code, _, err = nvshim(
         capsys,
         "configure",
-        "--runtime",
+        "--engine",
         "containerd",
-        "--config",
+        "--engine-config",
         str(config),
         "--restart",
         "signal",
@@ -181,9 +181,9 @@ def test_signal_refuses_a_path_that_is_not_a_socket(tmp_path, capsys):
     code, _, err = nvshim(
         capsys,
         "configure",
-        "--runtime",
+        "--engine",
         "containerd",
-        "--config",
+        "--engine-config",
         str(config),
         "--restart",
         "signal",
@@ -202,9 +202,9 @@ def test_signal_to_a_socket_nobody_listens_on(tmp_path, capsys):
     code, _, err = nvshim(
         capsys,
         "configure",
-        "--runtime",
+        "--engine",
         "crio",
-        "--config",
+        "--engine-config",
         str(tmp_path / "crio.conf.d" / "99-nvshim.toml"),
         "--restart",
         "signal",
@@ -230,16 +230,13 @@ def _fake_systemctl(tmp_path: Path, monkeypatch, body: str) -> Path:
 def test_systemd_restarts_the_unit(tmp_path, capsys, monkeypatch, engine, unit):
     log = _fake_systemctl(tmp_path, monkeypatch, "exit 0")
     config = tmp_path / ("config.toml" if engine == "containerd" else "daemon.json")
-    code, out, err = nvshim(
-        capsys, "configure", "--runtime", engine, "--config", str(config), "--restart", "systemd"
-    )
+    argv = ["configure", "--engine", engine, "--engine-config", str(config)]
+    code, out, err = nvshim(capsys, *argv, "--restart", "systemd")
     assert code == 0, err
     assert log.read_text() == f"restart {unit}\n"
     assert out.splitlines()[-1] == f"restarted {unit} with systemctl"
     # A run that changes nothing restarts nothing.
-    nvshim(
-        capsys, "configure", "--runtime", engine, "--config", str(config), "--restart", "systemd"
-    )
+    nvshim(capsys, *argv, "--restart", "systemd")
     assert log.read_text() == f"restart {unit}\n"
 
 
@@ -249,7 +246,14 @@ def test_systemd_failure_is_one_line(tmp_path, capsys, monkeypatch):
     )
     config = tmp_path / "crio.conf.d" / "99-nvshim.toml"
     code, _, err = nvshim(
-        capsys, "configure", "--runtime", "crio", "--config", str(config), "--restart", "systemd"
+        capsys,
+        "configure",
+        "--engine",
+        "crio",
+        "--engine-config",
+        str(config),
+        "--restart",
+        "systemd",
     )
     assert code == 1
     assert err == (
@@ -261,7 +265,7 @@ def test_systemd_failure_is_one_line(tmp_path, capsys, monkeypatch):
 
 def test_restart_none_says_what_to_do(tmp_path, capsys):
     code, out, _ = nvshim(
-        capsys, "configure", "--runtime", "docker", "--config", str(tmp_path / "daemon.json")
+        capsys, "configure", "--engine", "docker", "--engine-config", str(tmp_path / "daemon.json")
     )
     assert code == 0
     assert out.splitlines()[-1] == (

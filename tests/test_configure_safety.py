@@ -29,7 +29,7 @@ nvshim = run_cli
 
 
 def ctd(path: Path, *extra: str) -> list[str]:
-    return ["--runtime", "containerd", "--config", str(path), *extra]
+    return ["--engine", "containerd", "--engine-config", str(path), *extra]
 
 
 def one_error_line(err: str) -> str:
@@ -83,7 +83,7 @@ def test_bad_daemon_json_is_one_line_and_changes_nothing(tmp_path, capsys, text,
     config = tmp_path / "daemon.json"
     config.write_text(text)
     code, _, err = nvshim(
-        capsys, "configure", "--runtime", "docker", "--config", str(config), "--enable-cdi"
+        capsys, "configure", "--engine", "docker", "--engine-config", str(config), "--enable-cdi"
     )
     line = one_error_line(err)
     assert code == 2 and f"{config}{where}" in line and words in line, line
@@ -299,13 +299,13 @@ def test_installer_environment_variables(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("CONTAINERD_CONFIG", str(config))
     monkeypatch.setenv("CONTAINERD_RUNTIME_CLASS", "gpu")
     monkeypatch.setenv("CONTAINERD_SET_AS_DEFAULT", "true")
-    assert nvshim(capsys, "configure", "--runtime", "containerd")[0] == 0
+    assert nvshim(capsys, "configure", "--engine", "containerd")[0] == 0
     cri = tomllib.loads(config.read_text())["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["containerd"]["default_runtime_name"] == "gpu"
     assert "gpu" in cri["containerd"]["runtimes"]
     # NVSHIM_* wins over the installer form; the option wins over both.
     monkeypatch.setenv("NVSHIM_RUNTIME_NAME", "gpu2")
-    nvshim(capsys, "configure", "--runtime", "containerd", "--no-set-as-default")
+    nvshim(capsys, "configure", "--engine", "containerd", "--no-set-as-default")
     cri = tomllib.loads(config.read_text())["plugins"]["io.containerd.grpc.v1.cri"]
     assert "gpu2" in cri["containerd"]["runtimes"]
     assert cri["containerd"]["default_runtime_name"] == "gpu"  # not asked to change it
@@ -320,7 +320,9 @@ def test_bad_boolean_in_environment(tmp_path, capsys, monkeypatch):
 def test_docker_features_map_is_merged_not_replaced(tmp_path, capsys):
     config = tmp_path / "daemon.json"
     config.write_text('{\n\t"features": {\n\t\t"buildkit": true\n\t}\n}\n')
-    nvshim(capsys, "configure", "--runtime", "docker", "--config", str(config), "--enable-cdi")
+    nvshim(
+        capsys, "configure", "--engine", "docker", "--engine-config", str(config), "--enable-cdi"
+    )
     assert json.loads(config.read_text())["features"] == {"buildkit": True, "cdi": True}
     assert config.read_text().startswith('{\n\t"features": {\n\t\t"buildkit": true,\n')
 
@@ -394,7 +396,7 @@ def test_crio_drop_in_directory_holds_only_the_drop_in(tmp_path, capsys):
     dropins.mkdir()
     (dropins / "99-nvshim.toml").write_text("# placeholder kept by ops\n")
     config = dropins / "99-nvshim.toml"
-    code, out, _ = nvshim(capsys, "configure", "--runtime", "crio", "--config", str(config))
+    code, out, _ = nvshim(capsys, "configure", "--engine", "crio", "--engine-config", str(config))
     assert code == 0
     assert sorted(p.name for p in dropins.iterdir()) == ["99-nvshim.toml"]
     assert (tmp_path / "crio.conf.d.99-nvshim.toml.nvshim.bak").is_file()
@@ -407,7 +409,7 @@ def test_crio_drop_in_directory_holds_only_the_drop_in(tmp_path, capsys):
 
 def test_engine_is_required(capsys):
     code, _, err = nvshim(capsys, "configure")
-    assert code == 2 and "--runtime is required" in one_error_line(err)
+    assert code == 2 and "--engine is required" in one_error_line(err)
 
 
 def test_make_dirs_tolerates_a_directory_created_meanwhile(tmp_path, monkeypatch):

@@ -236,7 +236,7 @@ def test_install_use_upgrade_remove_purge(package, sim_hosts, tmp_path):
         # what nvshim-cdi-refresh.service runs (RuntimeDirectory=cdi makes /run/cdi)
         f"mkdir -p /run/cdi; nvshim cdi refresh --output /var/run/cdi/nvidia.yaml {roots}"
     )
-    assert out.stdout.startswith("nvshim, version ")
+    assert out.stdout.startswith("nvshim version ")
     assert sim.gpu_uuids()[0] in out.stdout
     assert "/dev/nvidia0" in open(root + "/ctr/nvidia.yaml").read()
     assert "refreshed /var/run/cdi/nvidia.yaml" in out.stderr

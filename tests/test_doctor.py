@@ -226,7 +226,7 @@ def test_healthy_node_is_all_ok(nodes, name):
 
 def test_text_output_names_each_check_and_its_fix(nodes):
     node = nodes("single")
-    proc = node.nvshim("doctor", "--cdi-dir", str(node.base / "empty"), "--check", "cdi-spec")
+    proc = node.nvshim("doctor", "--cdi-dir", str(node.base / "empty"), "--only", "cdi-spec")
     assert proc.returncode == 0  # a warning does not fail the node
     assert proc.stdout.splitlines()[0].startswith("WARN  cdi-spec  no spec of kind nvidia.com/gpu")
     assert "fix: nvshim cdi generate" in proc.stdout
@@ -340,7 +340,7 @@ def test_runtime_through_a_pyenv_shim_fails_engine_runtime(nodes, tmp_path):
     launcher.chmod(0o755)
     config = _stock_config(tmp_path / "etc" / "config.toml", tmp_path / "scratch")
     configure_containerd(config, str(launcher))
-    code, results = node.doctor("--check", "engine-runtime", engine_config=str(config))
+    code, results = node.doctor("--only", "engine-runtime", engine_config=str(config))
     assert results["engine-runtime"][0] == "fail"
     assert "version-manager shim" in results["engine-runtime"][1]
     assert code == 1
@@ -427,11 +427,11 @@ def test_nvswitch_without_fabric_manager_fails(nodes):
     comm = Path(node.dev("/proc/4242/comm"))
     os.mknod(switch, 0o20666, os.makedev(511, 255))
     try:
-        code, results = node.doctor("--check", "fabric-manager")
+        code, results = node.doctor("--only", "fabric-manager")
         assert results["fabric-manager"][0] == "fail" and code == 1
         comm.parent.mkdir()
         comm.write_text("nv-fabricmanager\n")
-        code, results = node.doctor("--check", "fabric-manager")
+        code, results = node.doctor("--only", "fabric-manager")
         assert results["fabric-manager"] == ("ok", "nv-fabricmanager running (pid 4242)")
     finally:
         os.unlink(switch)
@@ -465,7 +465,7 @@ def test_missing_ld_cache_warns_driver(nodes):
     cache = Path(node.sim.driver_root) / "etc" / "ld.so.cache"
     cache.rename(cache.with_suffix(".away"))
     try:
-        code, results = node.doctor("--check", "driver")
+        code, results = node.doctor("--only", "driver")
     finally:
         cache.with_suffix(".away").rename(cache)
     assert results["driver"] == (

@@ -343,7 +343,7 @@ def test_cli_errors_are_one_line(tmp_path, launchers):
     helped = run_hook_direct([hook, "--help"], bundle, private_ns=False)
     assert helped.returncode == 0 and "create-symlinks" in helped.stdout
     cases = [
-        ([hook, "no-such-step"], 2, "nvshim-hook: error: invalid choice: 'no-such-step'"),
+        ([hook, "no-such-step"], 2, "nvshim-hook: error: no such step 'no-such-step'"),
         (
             [hook, "create-symlinks", "--config", config, "--link", "no-separator"],
             1,

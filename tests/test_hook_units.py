@@ -254,14 +254,16 @@ def test_step_options_repeat_and_take_equals_form():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        ([], "a step is required"),
-        (["no-such-step"], "invalid choice: 'no-such-step'"),
-        (["prestart", "--link", "a::/b"], "unrecognized argument: '--link'"),
-        (["create-symlinks", "--link"], "--link: expected one argument"),
-        (["--config"], "--config: expected one argument"),
-        (["mps-check"], "required: uuid"),
-        (["mps-check", "a", "b"], "unexpected argument 'b'"),
-        (["--bogus", "prestart"], "unrecognized argument: '--bogus'"),
+        ([], "missing argument 'STEP'"),
+        (["no-such-step"], "no such step 'no-such-step'"),
+        (["prestat"], r"no such step 'prestat' \(did you mean prestart\?\)"),
+        (["prestart", "--link", "a::/b"], "no such option '--link'"),
+        (["create-symlinks", "--link"], "option '--link' requires an argument"),
+        (["--config"], "option '--config' requires an argument"),
+        (["mps-check"], "missing argument 'UUID'"),
+        (["mps-check", "a", "b"], r"got unexpected extra argument \(b\)"),
+        (["--bogus", "prestart"], "no such option '--bogus'"),
+        (["--log-format", "xml", "prestart"], "invalid value for '--log-format': 'xml'"),
     ],
 )
 def test_command_line_errors_name_the_problem(argv, message):

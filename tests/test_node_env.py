@@ -380,11 +380,11 @@ def test_nvshim_configure_reads_runtime_config_too(tmp_path):
     target = tmp_path / "containerd.toml"
     target.write_bytes(CONTAINERD_16.read_bytes())
     env = {"RUNTIME_CONFIG": str(target), "NVSHIM_CONTAINERD_VERSION": "1.6.20"}
-    done = run_nvshim("configure", "--runtime", "containerd", env=env)
+    done = run_nvshim("configure", "--engine", "containerd", env=env)
     assert done.returncode == 0, done.stderr
     assert "nvshim" in cri(toml(target))["containerd"]["runtimes"]
     refused = run_nvshim(
-        "configure", "--runtime", "containerd", env={**env, "CONTAINERD_SET_AS_DEFAULT": "yes"}
+        "configure", "--engine", "containerd", env={**env, "CONTAINERD_SET_AS_DEFAULT": "yes"}
     )
     assert refused.returncode == 2 and "CONTAINERD_SET_AS_DEFAULT='yes'" in refused.stderr
 

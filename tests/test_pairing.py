@@ -451,7 +451,7 @@ def test_podman_with_the_paired_cdi_spec(sim_hosts, tmp_path, launchers):
 
 
 def test_nvshim_doctor_runs_the_pairing_checks(sim_hosts, tmp_path, launchers):
-    checks = ("--check", "gpudirect-rdma", "--check", "gpu-nic-affinity")
+    checks = ("--only", "gpudirect-rdma", "--only", "gpu-nic-affinity")
     for name, affinity in (("hgx-h100x8-rdma", "ok"), ("rdma-cross-socket", "warn")):
         config = write_pairing_config(tmp_path, sim_hosts(name), launchers)
         proc = run_nvshim("doctor", "--json", *checks, env={"NVSHIM_CONFIG": config})

@@ -322,7 +322,7 @@ def test_doctor_reports_the_daemon(creates):
     from tests.conftest import run_nvshim
 
     def doctor() -> tuple[str, str]:
-        proc = run_nvshim("doctor", "--check", "runtime-daemon", "--json",
+        proc = run_nvshim("doctor", "--only", "runtime-daemon", "--json",
                           env={"NVSHIM_CACHE_DIR": creates.cache_dir})  # fmt: skip
         (result,) = json.loads(proc.stdout)["checks"]
         assert proc.returncode == 0  # a warning: nvshim-runtime works without the daemon

@@ -64,7 +64,7 @@ def front(c, *argv: str, path: str, cwd) -> subprocess.CompletedProcess:
 
 
 def doctor(c) -> dict:
-    proc = run_nvshim("doctor", "--check", "exec-markers", "--json",
+    proc = run_nvshim("doctor", "--only", "exec-markers", "--json",
                       env={"NVSHIM_CACHE_DIR": c.cache_dir})  # fmt: skip
     assert proc.returncode == 0, proc.stderr  # a warning at most
     (result,) = json.loads(proc.stdout)["checks"]

@@ -10,6 +10,7 @@ import click
 
 from nvshim import __version__
 from nvshim.console import guarded
+from nvshim.options import option
 
 # name -> "module:attribute"; each module is imported only when its command runs.
 COMMANDS = {
@@ -57,9 +58,9 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="nvshim")
-@click.option("-d", "--debug", is_flag=True, help="Tracebacks on internal errors.")
-@click.option("--quiet", is_flag=True, help="Print warnings and errors only.")
+@click.version_option(__version__, prog_name="nvshim", message="%(prog)s version %(version)s")
+@option("-d", "--debug", is_flag=True, env="NVSHIM_DEBUG", help="Tracebacks on internal errors.")
+@option("--quiet", is_flag=True, help="Print warnings and errors only.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """nvshim: give containers exactly the GPUs they were given, and nothing more."""
@@ -80,8 +81,32 @@ def _click_main(argv: list[str] | None) -> None:
     except click.exceptions.Abort:
         click.echo("nvshim: aborted", err=True)
         sys.exit(1)
+    except getattr(click.exceptions, "NoArgsIsHelpError", ()) as err:  # a group alone: its help
+        err.show()
+        sys.exit(err.exit_code)
+    except click.UsageError as err:
+        from nvshim.errors import usage_line
+
+        command = err.ctx.command_path if err.ctx is not None else _command_path(argv)
+        click.echo(usage_line("nvshim", err.format_message(), command), err=True)
+        sys.exit(err.exit_code)
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
+
+
+def _command_path(argv: list[str] | None) -> str:
+    """``nvshim cdi generate`` for a command line (click leaves some errors without it)."""
+    cmd: click.Command = cli
+    path = ["nvshim"]
+    for word in sys.argv[1:] if argv is None else argv:
+        if not isinstance(cmd, click.Group) or word.startswith("-"):
+            continue
+        sub = cmd.get_command(click.Context(cmd), word)
+        if sub is None:
+            break
+        path.append(word)
+        cmd = sub
+    return " ".join(path)

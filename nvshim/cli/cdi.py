@@ -6,7 +6,7 @@ import os
 
 import click
 
-from nvshim.cli.common import discover, root_options
+from nvshim.cli.common import discover, option, root_options
 from nvshim.errors import NvshimError
 from nvshim.record import asdict
 
@@ -22,53 +22,64 @@ def spec_options(func):
     """The options choosing a spec's content and where discovery looks: one set for
     ``generate`` and ``refresh``, so a default changed here changes both."""
     options = (
-        click.option(
-            "--format", "fmt", type=click.Choice(["yaml", "json"]), help="Default: from -o."
+        option(
+            "--format",
+            "fmt",
+            type=click.Choice(["yaml", "json"]),
+            shown_default="from -o's suffix, else yaml",
+            help="The spec's format.",
         ),
-        click.option(
+        option(
             "--device-name-strategy",
             "strategies",
             multiple=True,
             type=click.Choice(["index", "uuid", "type-index"]),
-            help="How devices are named; repeat for several (default: index and uuid).",
+            shown_default="index, uuid",
+            help="How devices are named; repeat for several.",
         ),
-        click.option("--no-all-device", is_flag=True, help="Leave out the `all` device."),
-        click.option(
+        option("--no-all-device", is_flag=True, help="Leave out the `all` device."),
+        option(
             "--mode",
             type=click.Choice(["nvml", "management"]),
             default="nvml",
+            show_default=True,
             help="management: one `all` device with every GPU node and the control node, and"
-            " the utility files only (for monitoring containers) [nvml].",
+            " the utility files only (for monitoring containers).",
         ),
-        click.option("--vendor", default=None, help="CDI vendor (default: nvidia.com)."),
-        click.option("--class", "cls", default=None, help="CDI class (default: gpu)."),
-        click.option(
+        option("--vendor", default=None, shown_default="nvidia.com", help="CDI vendor."),
+        option("--class", "cls", default=None, shown_default="gpu", help="CDI class."),
+        option(
             "--capabilities",
             default=None,
             metavar="LIST|all",
-            help="Driver capabilities whose files the spec carries (default: utility,compute).",
+            shown_default="utility,compute",
+            help="Driver capabilities whose files the spec carries.",
         ),
-        click.option(
-            "--hook-path", default=None, help="nvshim-hook launcher the spec's hooks run."
+        option(
+            "--hook-path",
+            default=None,
+            metavar="FILE",
+            shown_default="the config's runtime.hook-path",
+            help="nvshim-hook launcher the spec's hooks run.",
         ),
-        click.option(
+        option(
             "--sharing",
             is_flag=True,
             help="The spec of the MPS-shared devices of the sharing config (class gpu.shared).",
         ),
-        click.option(
+        option(
             "--pairing",
             is_flag=True,
-            help="Give each GPU device its paired NIC's RDMA devices ([pairing] config).",
+            help="Give each GPU device its paired NIC's RDMA devices (the config's pairing table).",
         ),
     )
-    for option in reversed(options):
-        func = option(func)
+    for one in reversed(options):
+        func = one(func)
     return root_options(func)
 
 
 @cdi.command()
-@click.option("-o", "--output", metavar="FILE", help="Write here (atomically) instead of stdout.")
+@option("-o", "--output", metavar="FILE", help="Write here (atomically) instead of stdout.")
 @spec_options
 def generate(output, driver_root, dev_root, config, **options) -> None:
     """Write a CDI spec for every GPU and MIG device of this host, plus "all".
@@ -82,7 +93,7 @@ def generate(output, driver_root, dev_root, config, **options) -> None:
 
 
 @cdi.command()
-@click.option(
+@option(
     "-o",
     "--output",
     metavar="FILE",
@@ -90,7 +101,7 @@ def generate(output, driver_root, dev_root, config, **options) -> None:
     show_default=True,
     help="The generated spec to keep current.",
 )
-@click.option("--force", is_flag=True, help="Rewrite even when the host looks unchanged.")
+@option("--force", is_flag=True, help="Rewrite even when the host looks unchanged.")
 @spec_options
 def refresh(output, force, driver_root, dev_root, config, **options) -> None:
     """Regenerate the spec at -o only when the host changed since it was written.
@@ -119,8 +130,17 @@ def refresh(output, force, driver_root, dev_root, config, **options) -> None:
 
 
 @cdi.command("list")
-@click.option("--spec-dir", "spec_dirs", multiple=True, metavar="DIR", help="Repeatable.")
-@click.option("--json", "as_json", is_flag=True, help="A JSON list of {name, kind, device}.")
+@option(
+    "--cdi-dir",
+    "--spec-dir",  # nvidia-ctk's name
+    "spec_dirs",
+    multiple=True,
+    metavar="DIR",
+    hidden_opts=("--spec-dir",),
+    shown_default="/etc/cdi, /var/run/cdi",
+    help="A CDI spec directory to read; repeatable.",
+)
+@option("--json", "as_json", is_flag=True, help="A JSON list of {name, kind, device}.")
 def list_(spec_dirs, as_json: bool) -> None:
     """Print vendor/class=name of every device in the CDI spec directories."""
     from nvshim.cdi.registry import DEFAULT_SPEC_DIRS, list_devices

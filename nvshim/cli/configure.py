@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from nvshim.engines import ENGINES
+from nvshim.cli.common import engine_options, option
 from nvshim.engines.settings import CGROUP_DRIVERS, RESTART_MODES
 
 ALIASES = {  # nvidia-ctk option -> nvshim option
@@ -24,62 +24,78 @@ _BOTH = True
 
 def _engine_options(configure: bool) -> Callable[[Callable], Callable]:
     """The options of ``configure`` (all) or ``unconfigure`` (those marked ``_BOTH``)."""
+    engine, config, socket, runtime_name = engine_options(
+        "Container engine to configure.",
+        config="containerd /etc/containerd/config.toml, docker /etc/docker/daemon.json,"
+        " crio /etc/crio/crio.conf.d/99-nvshim.toml",
+        socket="the engine's usual socket; only --restart signal uses it",
+    )
     options = [
-        (_BOTH, click.option(
-            "--runtime",
-            "engine",
-            type=click.Choice(ENGINES),
-            help="Container engine to configure [env NVSHIM_ENGINE].",
-        )),
-        (_BOTH, click.option(
-            "--config",
-            help="Engine config file [containerd /etc/containerd/config.toml, docker"
-            " /etc/docker/daemon.json, crio /etc/crio/crio.conf.d/99-nvshim.toml].",
-        )),
-        (_BOTH, click.option(
+        (_BOTH, engine),
+        (_BOTH, config),
+        (_BOTH, option(
             "--drop-in",
+            metavar="FILE",
+            env="NVSHIM_CONTAINERD_DROP_IN",
             help="containerd 2.1+: put the settings in this file and import it.",
         )),
-        (_BOTH, click.option("--runtime-name", help="Runtime (handler) name [nvshim].")),
-        (_BOTH, click.option(
-            "--runtime-path", help="nvshim-runtime binary [/usr/bin/nvshim-runtime]."
+        (_BOTH, runtime_name),
+        (_BOTH, option(
+            "--runtime-path",
+            metavar="FILE",
+            env="NVSHIM_RUNTIME_PATH",
+            shown_default="/usr/bin/nvshim-runtime",
+            help="The nvshim-runtime binary.",
         )),
-        (False, click.option(
+        (False, option(
             "--set-as-default/--no-set-as-default",
             default=None,
+            env=("NVSHIM_SET_AS_DEFAULT", "NVIDIA_RUNTIME_SET_AS_DEFAULT"),
+            shown_default="no",
             help="Make it the engine's default runtime.",
         )),
-        (False, click.option(
-            "--enable-cdi/--no-enable-cdi", default=None, help="Turn on CDI in the engine."
+        (False, option(
+            "--enable-cdi/--no-enable-cdi",
+            default=None,
+            env=("NVSHIM_ENABLE_CDI", "RUNTIME_ENABLE_CDI"),
+            shown_default="no",
+            help="Turn on CDI in the engine.",
         )),
-        (_BOTH, click.option(
+        (_BOTH, option(
             "--dry-run", is_flag=True, help="Print a unified diff; write nothing."
         )),
-        (_BOTH, click.option(
+        (_BOTH, option(
             "--restart",
             type=click.Choice(RESTART_MODES),
+            env=("NVSHIM_RESTART", "RUNTIME_RESTART_MODE"),
+            shown_default="none",
             help="How to make the engine reload: none, signal (SIGHUP the socket's owner)"
-            " or systemd [none].",
+            " or systemd.",
         )),
-        (_BOTH, click.option("--socket", help="Engine socket for --restart signal.")),
-        (False, click.option(
+        (_BOTH, socket),
+        (False, option(
             "--config-source",
+            env=("NVSHIM_CONFIG_SOURCE", "RUNTIME_CONFIG_SOURCES"),
+            shown_default="file",
             help="Where to read the default runtime's settings from: command (containerd"
-            " config dump), file, or both in order [file; env RUNTIME_CONFIG_SOURCES].",
+            " config dump), file, or both in order.",
         )),
-        (False, click.option(
+        (False, option(
             "--runtime-config-override",
             metavar="JSON",
+            env=("NVSHIM_RUNTIME_CONFIG_OVERRIDE", "RUNTIME_CONFIG_OVERRIDE"),
             help="JSON object merged into the runtime's options, e.g."
-            " '{\"SystemdCgroup\": true}' [env RUNTIME_CONFIG_OVERRIDE].",
+            " '{\"SystemdCgroup\": true}'.",
         )),
-        (False, click.option(
+        (False, option(
             "--take-over/--no-take-over",
             default=None,
+            env="NVSHIM_TAKE_OVER",
+            shown_default="no",
             help="Re-point an existing entry of --runtime-name that runs"
             " nvidia-container-runtime at nvshim (unconfigure gives it back).",
         )),
-        (_BOTH, click.option(
+        (_BOTH, option(
             "--check",
             is_flag=True,
             help="Write nothing; exit 1 when a change is pending (drift), 0 when not.",
@@ -101,9 +117,9 @@ def _engine_options(configure: bool) -> Callable[[Callable], Callable]:
     ]  # fmt: skip
 
     def decorate(func: Callable) -> Callable:
-        for both, option in reversed(options):
+        for both, one in reversed(options):
             if configure or both:
-                func = option(func)
+                func = one(func)
         return func
 
     return decorate

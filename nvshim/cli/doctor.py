@@ -8,24 +8,27 @@ import sys
 
 import click
 
-from nvshim.cli.common import root_options
-from nvshim.engines import ENGINES
+from nvshim.cdi.registry import DEFAULT_SPEC_DIRS
+from nvshim.cli.common import engine_options, option, root_options
+from nvshim.doctor.context import DEFAULT_HOOKS_DIRS
+
+
+def _dirs(name: str, defaults: tuple[str, ...], text: str):
+    """A repeatable directory option (``--cdi-dir`` into ``cdi_dirs``)."""
+    dest = name[2:].replace("-", "_") + "s"
+    return option(name, dest, multiple=True, metavar="DIR", shown_default=", ".join(defaults),
+                  help=text)  # fmt: skip
 
 
 def context_options(func):
     """The options that say what to check (engine, spec and hook dirs, roots); the command
     gets ``make_context``, a function returning a fresh doctor Context."""
     options = [
-        click.option(
-            "--engine",
-            type=click.Choice(ENGINES),
-            help="Container engine to check [env NVSHIM_ENGINE; default: the first found].",
-        ),
-        click.option("--engine-config", metavar="FILE", help="Engine config file (as configure)."),
-        click.option("--socket", metavar="PATH", help="Engine socket (as configure)."),
-        click.option("--runtime-name", help="Runtime (handler) name [nvshim]."),
-        click.option("--cdi-dir", "cdi_dirs", multiple=True, metavar="DIR", help="Repeatable."),
-        click.option("--hooks-dir", "hooks_dirs", multiple=True, metavar="DIR", help="Repeatable."),
+        *engine_options(
+            "Container engine to check.", config_dest="engine_config", engine="the first found"
+        ),  # fmt: skip
+        _dirs("--cdi-dir", DEFAULT_SPEC_DIRS, "A CDI spec directory to check; repeatable."),
+        _dirs("--hooks-dir", DEFAULT_HOOKS_DIRS, "An OCI hooks directory to check; repeatable."),
     ]
 
     @functools.wraps(func)
@@ -49,14 +52,22 @@ def context_options(func):
         return func(*args, make_context=make_context, **kw)
 
     wrapper = root_options(wrapper)
-    for option in reversed(options):
-        wrapper = option(wrapper)
+    for one in reversed(options):
+        wrapper = one(wrapper)
     return wrapper
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@click.option("--check", "only", multiple=True, metavar="NAME", help="Run only these checks.")
+@option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@option(
+    "--only",
+    "--check",  # its earlier name (configure's --check is its drift check)
+    "only",
+    multiple=True,
+    metavar="NAME",
+    hidden_opts=("--check",),
+    help="Run only this check; repeatable.",
+)
 @context_options
 def doctor(as_json, only, make_context) -> None:
     """Check the driver, device nodes, engine, CDI specs and sharing; exit 1 if any fails."""
@@ -65,7 +76,7 @@ def doctor(as_json, only, make_context) -> None:
 
     unknown = [n for n in only if n not in load_checks()]
     if unknown:
-        raise UsageError(f"--check {unknown[0]}: no such check ({', '.join(load_checks())})")
+        raise UsageError(f"--only {unknown[0]}: no such check ({', '.join(load_checks())})")
     results = run_checks(make_context(), tuple(only))
     code = exit_code(results)
     if as_json:

@@ -7,7 +7,7 @@ import os
 
 import click
 
-from nvshim.cli.common import discover, root_options
+from nvshim.cli.common import discover, option, root_options
 from nvshim.console import warn
 from nvshim.dra import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, DEFAULT_MPS_ROOT
 from nvshim.errors import UsageError
@@ -20,13 +20,13 @@ def _node(node_name: str | None) -> str:
     return node
 
 
-_node_option = click.option(
-    "--node-name", metavar="NAME", help="This node's name (default: $NODE_NAME)."
-)
-_kubeconfig_option = click.option(
+_node_option = option("--node-name", metavar="NAME", env="NODE_NAME", help="This node's name.")
+_kubeconfig_option = option(
     "--kubeconfig",
     metavar="FILE",
-    help="Kubeconfig (default: $KUBECONFIG, else the pod's service account).",
+    env="KUBECONFIG",
+    shown_default="the pod's service account",
+    help="Kubeconfig.",
 )
 
 
@@ -38,36 +38,48 @@ def dra() -> None:
 @dra.command()
 @_node_option
 @_kubeconfig_option
-@click.option(
+@option(
     "--kubelet-dir",
     default=DEFAULT_KUBELET_DIR,
     show_default=True,
     metavar="DIR",
     help="The kubelet's root: its plugins_registry and plugins directories are under it.",
 )
-@click.option(
+@option(
     "--cdi-dir",
     default=DEFAULT_CDI_DIR,
     show_default=True,
     metavar="DIR",
     help="Where each prepared claim's transient CDI spec is written.",
 )
-@click.option(
+@option(
     "--mps-root",
     default=DEFAULT_MPS_ROOT,
     show_default=True,
     metavar="DIR",
     help="Where the claims' MPS daemons keep their pipe, log and shm directories.",
 )
-@click.option(
+@option(
     "--host-root",
     default="/",
     show_default=True,
     metavar="DIR",
     help="Where the node's / is mounted (in a pod: /host); CDI specs name the node's paths.",
 )
-@click.option("--interval", default=5.0, show_default=True, help="Host check period (s).")
-@click.option("--resync", default=60.0, show_default=True, help="Slice resync period (s).")
+@option(
+    "--interval",
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often the host is checked.",
+)
+@option(
+    "--resync",
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often the slices are resent.",
+)
 @root_options
 def run(
     node_name, kubeconfig, kubelet_dir, cdi_dir, mps_root, host_root, interval, resync, **roots

@@ -7,6 +7,7 @@ import threading
 
 import click
 
+from nvshim.cli.common import option
 from nvshim.cli.doctor import context_options
 from nvshim.errors import UsageError
 
@@ -21,11 +22,16 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 @click.command()
-@click.option(
+@option(
     "--listen", default=":9400", show_default=True, metavar="ADDR", help="HOST:PORT to serve on."
 )
-@click.option("--log-file", metavar="FILE", help="Decision log to count (default: config).")
-@click.option(
+@option(
+    "--log-file",
+    metavar="FILE",
+    shown_default="the config's runtime.log-file when runtime.log-target is file",
+    help="Decision log to count.",
+)
+@option(
     "--doctor-interval",
     type=float,
     default=60.0,

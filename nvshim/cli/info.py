@@ -6,13 +6,13 @@ import json
 
 import click
 
-from nvshim.cli.common import discover, root_options
+from nvshim.cli.common import discover, option, root_options
 from nvshim.host.model import Host
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the host model as JSON.")
-@click.option(
+@option("--json", "as_json", is_flag=True, help="Print the host model as JSON.")
+@option(
     "--topology", is_flag=True, help="Print the GPU-NIC matrix (nvidia-smi topo -m vocabulary)."
 )
 @root_options

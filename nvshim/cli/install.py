@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
+from nvshim.cli.common import option
+
 
 @click.command()
-@click.option(
+@option(
     "--root",
     "dest_root",
     default="/",
@@ -15,15 +17,22 @@ import click
     help="Destination root: write below DIR (a package or image staging dir); "
     "everything written still names the final paths.",
 )
-@click.option(
+@option(
     "--prefix",
     default=None,
     metavar="DIR",
-    help="Final path of the self-contained bundle (default: where the running bundle is; "
-    "from a virtualenv, the launchers go straight into --bin-dir).",
+    shown_default="where the running bundle is; from a virtualenv, none: the launchers go"
+    " straight into --bin-dir",
+    help="Final path of the self-contained bundle.",
 )
-@click.option("--bin-dir", default="/usr/bin", show_default=True, help="Where the commands go.")
-@click.option("--hooks-dir", default=None, metavar="DIR", help="Also write the OCI hook JSON here.")
+@option(
+    "--bin-dir",
+    default="/usr/bin",
+    show_default=True,
+    metavar="DIR",
+    help="Where the commands go.",
+)
+@option("--hooks-dir", default=None, metavar="DIR", help="Also write the OCI hook JSON here.")
 def install(dest_root: str, prefix: str | None, bin_dir: str, hooks_dir: str | None) -> None:
     """Install nvshim-runtime, nvshim-hook (isolated: python -I -S) and the OCI hook file.
 

@@ -6,18 +6,19 @@ import json
 
 import click
 
-from nvshim.cli.common import discover, root_options
+from nvshim.cli.common import discover, option, root_options
 from nvshim.errors import NvshimError
 
 
 def _device_options(func):
-    func = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
-    return click.option(
+    func = option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
+    return option(
         "--gpu",
         "ids",
         multiple=True,
         metavar="ID",
-        help="Index, <gpu>:<mig> or UUID of a shared device; repeatable (default: all).",
+        shown_default="every shared device",
+        help="Index, <gpu>:<mig> or UUID of a shared device; repeatable.",
     )(func)
 
 

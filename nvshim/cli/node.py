@@ -8,45 +8,69 @@ from typing import Any
 
 import click
 
+from nvshim.cli.common import engine_options, option
+from nvshim.engines.settings import RESTART_MODES
 
-def _node_options(func: Callable) -> Callable:
+
+def _node_options(keep: bool = True) -> Callable[[Callable], Callable]:
+    """The installer's options; ``keep``: with ``--keep`` (the commands that uninstall)."""
+    engine, config, socket, runtime_name = engine_options(
+        "Engine to register with.",
+        env=("NVSHIM_ENGINE", "RUNTIME"),
+        where=", a host path",
+        engine="docker",
+    )
     options = [
-        click.option(
-            "--runtime",
-            "engine",
-            type=click.Choice(["containerd", "docker", "crio"]),
-            help="Engine to register with [env RUNTIME; docker].",
-        ),
-        click.option(
+        engine,
+        option(
             "--host-root",
             metavar="DIR",
-            help="Where the host's / is mounted [HOST_ROOT_MOUNT; /host].",
+            env=("NVSHIM_HOST_ROOT", "HOST_ROOT_MOUNT"),
+            shown_default="/host",
+            help="Where the host's / is mounted.",
         ),
-        click.option(
+        option(
             "--prefix",
             metavar="DIR",
-            help="Host directory nvshim is installed in [TOOLKIT_INSTALL_DIR; /usr/local/nvshim].",
+            env=("NVSHIM_PREFIX", "TOOLKIT_INSTALL_DIR"),
+            shown_default="/usr/local/nvshim",
+            help="Host directory nvshim is installed in.",
         ),
-        click.option("--config", help="Engine config, a host path [RUNTIME_CONFIG]."),
-        click.option("--socket", help="Engine socket, a host path [RUNTIME_SOCKET]."),
-        click.option(
-            "--runtime-name", help="Runtime (handler) name [NVIDIA_RUNTIME_NAME; nvshim]."
-        ),
-        click.option(
+        config,
+        socket,
+        runtime_name,
+        option(
             "--restart",
-            type=click.Choice(["none", "signal", "systemd"]),
-            help="How the engine reloads [RUNTIME_RESTART_MODE].",
+            type=click.Choice(RESTART_MODES),
+            env=("NVSHIM_RESTART", "RUNTIME_RESTART_MODE"),
+            shown_default="containerd signal, docker signal, crio systemd",
+            help="How the engine reloads.",
         ),
-        click.option("--ready-file", metavar="FILE", help="Readiness file [NVSHIM_READY_FILE]."),
-        click.option(
-            "--keep/--no-keep",
-            default=None,
-            help="On uninstall keep the installed files and CDI spec [NVSHIM_KEEP_INSTALLED].",
+        option(
+            "--ready-file",
+            metavar="FILE",
+            env="NVSHIM_READY_FILE",
+            shown_default="/run/nvshim/node-ready",
+            help="Readiness file (written once installed, removed on uninstall).",
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    if keep:
+        options.append(
+            option(
+                "--keep/--no-keep",
+                default=None,
+                env="NVSHIM_KEEP_INSTALLED",
+                shown_default="no",
+                help="On uninstall keep the installed files and CDI spec.",
+            )
+        )
+
+    def decorate(func: Callable) -> Callable:
+        for one in reversed(options):
+            func = one(func)
+        return func
+
+    return decorate
 
 
 def _settings(options: dict[str, Any]):
@@ -65,7 +89,7 @@ def node() -> None:
 
 
 @node.command()
-@_node_options
+@_node_options()
 def run(**options: Any) -> None:
     """Install, report ready, supervise MPS; on SIGTERM/SIGINT uninstall and exit 0
     (NO_DAEMON=true: install and exit)."""
@@ -76,7 +100,7 @@ def run(**options: Any) -> None:
 
 
 @node.command()
-@_node_options
+@_node_options(keep=False)
 def install(**options: Any) -> None:
     """Install and exit (the host keeps nvshim until `nvshim node uninstall`)."""
     from nvshim.node.main import run as do_run
@@ -85,7 +109,7 @@ def install(**options: Any) -> None:
 
 
 @node.command()
-@_node_options
+@_node_options()
 def uninstall(**options: Any) -> None:
     """Take back what `install` or `run` did."""
     from nvshim.node.main import uninstall as do_uninstall
@@ -94,7 +118,7 @@ def uninstall(**options: Any) -> None:
 
 
 @node.command()
-@_node_options
+@_node_options()
 def show(**options: Any) -> None:
     """Print the resolved settings (JSON) and warnings; change nothing."""
     from nvshim.node.env import describe

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from nvshim.cli.common import root_options
+from nvshim.cli.common import option, root_options
 
 
 @click.group()
@@ -13,12 +13,12 @@ def system() -> None:
 
 
 @system.command("create-device-nodes")
-@click.option(
+@option(
     "--control-devices",
     is_flag=True,
     help="Also /dev/nvidiactl, /dev/nvidia-modeset, /dev/nvidia-uvm, /dev/nvidia-uvm-tools.",
 )
-@click.option("--dry-run", is_flag=True, help="Say what would be created; create nothing.")
+@option("--dry-run", is_flag=True, help="Say what would be created; create nothing.")
 @root_options
 def create_device_nodes(
     control_devices: bool, dry_run: bool, driver_root: str, dev_root: str, config

@@ -16,7 +16,7 @@ HOOK_NAME = "nvshim-hook"
 
 def _configure_fix(s) -> str:
     return (
-        f"nvshim configure --runtime {s.engine} --config {s.config}"
+        f"nvshim configure --engine {s.engine} --engine-config {s.config}"
         f" --runtime-path {s.runtime_path} --restart signal"
     )
 

@@ -418,7 +418,7 @@ def check_shadowing(s: Settings, main: Document, version: int, deep: bool) -> No
             raise UsageError(
                 f"{doc.path} (imported by {s.config}) holds the {dotted(plugin)} table, which"
                 " replaces the main file's whole before containerd 2.1: configure that file"
-                f" instead (--config {doc.path})"
+                f" instead (--engine-config {doc.path})"
             )
 
 

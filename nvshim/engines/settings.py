@@ -150,6 +150,15 @@ def host_cgroup_driver(root: str = "/") -> str:
     return "systemd" if os.path.isdir(os.path.join(root, "run/systemd/system")) else "cgroupfs"
 
 
+# setting -> its command-line flag where the two names differ (docs/commands.md "Conventions")
+FLAGS = {"engine": "--engine", "config": "--engine-config"}
+
+
+def flag_of(setting: str) -> str:
+    """The command-line flag of ``setting``: ``config`` is ``--engine-config``."""
+    return FLAGS.get(setting, "--" + setting.replace("_", "-"))
+
+
 def from_env(setting: str, engine: str, env: Mapping[str, str]) -> tuple[str, str] | None:
     table = ENV[setting]
     for name in table.get(engine, ()) + table.get("*", ()):
@@ -178,13 +187,14 @@ def resolve_settings(
 ) -> Settings:
     """Merge command-line ``options`` (``None`` = not given) with ``env`` and defaults."""
     env = os.environ if env is None else env
+    source = "--engine"
     if engine is None:
         found = from_env("engine", "*", env)
         if found is None:
-            raise UsageError("--runtime is required (containerd, docker or crio)")
-        engine = found[1]
+            raise UsageError("--engine is required: containerd, docker or crio")
+        source, engine = found
     if engine not in ENGINES:
-        raise UsageError(f"--runtime {engine!r}: expected one of {', '.join(ENGINES)}")
+        raise UsageError(f"{source} {engine!r}: expected one of {', '.join(ENGINES)}")
 
     values: dict[str, Any] = {"engine": engine}
     sources: dict[str, str] = {}
@@ -194,7 +204,7 @@ def resolve_settings(
         given = options.get(setting)
         if given is not None:
             values[setting] = given
-            sources[setting] = "--" + setting.replace("_", "-")
+            sources[setting] = flag_of(setting)
             continue
         found = from_env(setting, engine, env)
         if found is None:
@@ -214,13 +224,15 @@ def resolve_settings(
 
 def _validate(s: Settings, sources: Mapping[str, str]) -> None:
     def src(setting: str) -> str:
-        return sources.get(setting, "--" + setting.replace("_", "-"))
+        return sources.get(setting, flag_of(setting))
 
     if not s.config:
         raise UsageError(f"{src('config')}: empty path")
     if s.drop_in is not None:
         if s.engine != "containerd":
-            raise UsageError("--drop-in is for containerd only (CRI-O's --config is a drop-in)")
+            raise UsageError(
+                "--drop-in is for containerd only (CRI-O's --engine-config is a drop-in)"
+            )
         if not s.drop_in.strip():
             raise UsageError(
                 f"{src('drop_in')}: empty path (an empty drop-in would lose the runtime)"

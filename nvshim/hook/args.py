@@ -3,7 +3,8 @@
 
 Grammar: ``nvshim-hook [--config FILE] STEP [OPTIONS]``; options take ``--name VALUE``
 or ``--name=VALUE``; ``--config`` may also follow the step. ``finish`` takes the rest of
-the line as ``STEP ARGS [+ STEP ARGS]...``. Errors raise NvshimError (exit status 2).
+the line as ``STEP ARGS [+ STEP ARGS]...``. Errors raise UsageError (exit status 2) worded
+as click words the ``nvshim`` command's (docs/commands.md "Conventions").
 
 NVIDIA's CDI hook lines are taken as they are (docs/coming-from-nvidia-toolkit.md): the
 ``nvidia-ctk hook NAME ...`` form (a leading ``hook`` word), its global ``-d/--debug`` and
@@ -14,7 +15,7 @@ from FILE instead of stdin).
 
 from __future__ import annotations
 
-from nvshim.errors import NvshimError
+from nvshim.errors import UsageError, did_you_mean
 from nvshim.hookentries import FINISHERS, STEP_SEPARATOR
 
 TOOL = "nvshim-hook"
@@ -43,7 +44,7 @@ STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] =
             "--cuda-compat-container-root": (
                 "one",
                 "DIR",
-                "the compat libraries' folder (default: /usr/local/cuda/compat)",
+                "the compat libraries' folder  [default: /usr/local/cuda/compat]",
             ),
         },
         (),
@@ -57,8 +58,8 @@ STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] =
         "make library folders visible to ld.so",
         {
             "--folder": ("list", "DIR", "a container folder with injected libraries"),
-            "--ldconfig": ("one", "FILE", "the host's static ldconfig (default: /sbin/ldconfig)"),
-            "--ldconfig-path": ("one", "FILE", "the same as --ldconfig (NVIDIA's spelling)"),
+            "--ldconfig": ("one", "FILE", "the host's static ldconfig  [default: /sbin/ldconfig]"),
+            "--ldconfig-path": ("one", "FILE", "NVIDIA's name of --ldconfig"),
         },
         (),
     ),
@@ -96,7 +97,7 @@ STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] =
         (),
     ),
 }
-CONFIG_HELP = "nvshim config.toml (default: $NVSHIM_CONFIG or /etc/nvshim/config.toml)"
+CONFIG_HELP = "The nvshim config file.  [env var: NVSHIM_CONFIG; default: /etc/nvshim/config.toml]"
 # Options every step takes: NVIDIA's ``--container-spec`` (its hooks take it too)
 STATE_OPTION = {"--container-spec": ("one", "FILE", "read the OCI state from FILE, not stdin")}
 # NVIDIA's global flags, accepted and ignored (``--flag`` or ``--flag=BOOL``)
@@ -142,8 +143,11 @@ class HelpRequested(Exception):
         self.text = text
 
 
-def _usage_error(message: str) -> NvshimError:
-    return NvshimError(message, exit_code=2)
+def _usage_error(message: str, step: str | None = None) -> UsageError:
+    """A usage error; ``step``: the step whose help says how to fix it."""
+    error = UsageError(message)
+    error.help_command = f"{TOOL} {step}" if step else TOOL
+    return error
 
 
 def parse_args(argv: list[str]) -> HookArgs:
@@ -163,12 +167,14 @@ def parse_args(argv: list[str]) -> HookArgs:
             raise HelpRequested(help_text())
         if name == "--log-format":
             if value not in LOG_FORMATS:
-                raise _usage_error(f"--log-format {value!r}: expected text or json")
+                raise _usage_error(
+                    f"invalid value for '--log-format': {value!r} is not one of 'text', 'json'"
+                )
             log_format = value
         else:
             config = value
     if i >= len(argv):
-        raise _usage_error("a step is required: " + ", ".join(STEPS))
+        raise _usage_error("missing argument 'STEP'")
     args = parse_step(argv[i:])
     if args.config is None:
         args.config = config
@@ -180,8 +186,7 @@ def parse_step(words: list[str]) -> HookArgs:
     """Parse ``STEP [OPTIONS]`` (one step of the command line or of ``finish``)."""
     command, rest = words[0], words[1:]
     if command not in STEPS:
-        choices = ", ".join(repr(s) for s in STEPS)
-        raise _usage_error(f"invalid choice: {command!r} (choose from {choices})")
+        raise _usage_error(f"no such step {command!r}{did_you_mean(command, STEPS)}")
     _, options, positional = STEPS[command]
     args = HookArgs(command)
     if command == "finish":
@@ -198,11 +203,11 @@ def parse_step(words: list[str]) -> HookArgs:
             continue
         if not word.startswith("-") or word == "-":
             if not wanted:
-                raise _usage_error(f"{command}: unexpected argument {word!r}")
+                raise _usage_error(f"got unexpected extra argument ({word})", command)
             setattr(args, wanted.pop(0), word)
             i += 1
             continue
-        name, value, i = _option(rest, i, "--config", *STATE_OPTION, *options)
+        name, value, i = _option(rest, i, "--config", *STATE_OPTION, *options, step=command)
         if name in ("-h", "--help"):
             raise HelpRequested(help_text(command))
         if name == "--config":
@@ -214,7 +219,7 @@ def parse_step(words: list[str]) -> HookArgs:
         else:
             getattr(args, name[2:]).append(value)
     if wanted:
-        raise _usage_error(f"{command}: the following arguments are required: {wanted[0]}")
+        raise _usage_error(f"missing argument {wanted[0].upper()!r}", command)
     return args
 
 
@@ -224,18 +229,20 @@ def _ignored_flag(word: str) -> bool:
     return name in IGNORED_FLAGS and (not eq or value.lower() in ("true", "false", "1", "0"))
 
 
-def _option(words: list[str], i: int, *known: str) -> tuple[str, str | None, int]:
+def _option(
+    words: list[str], i: int, *known: str, step: str | None = None
+) -> tuple[str, str | None, int]:
     """The option at ``words[i]``: (name, value, index after it). ``-h``/``--help`` have
     no value; the others in ``known`` need one."""
     name, eq, value = words[i].partition("=")
     if name in ("-h", "--help") and not eq:
         return name, None, i + 1
     if name not in known:
-        raise _usage_error(f"unrecognized argument: {words[i]!r}")
+        raise _usage_error(f"no such option {name!r}{did_you_mean(name, known)}", step)
     if eq:
         return name, value, i + 1
     if i + 1 >= len(words):
-        raise _usage_error(f"{name}: expected one argument")
+        raise _usage_error(f"option {name!r} requires an argument", step)
     return name, words[i + 1], i + 2
 
 
@@ -250,34 +257,60 @@ def parse_finish(words: list[str]) -> list[HookArgs]:
         if not current:
             continue
         if current[0] not in FINISHERS:
-            raise NvshimError(f"finish: {current[0]!r} is not a finishing step", exit_code=2)
+            raise _usage_error(
+                f"finish: {current[0]!r} is not a finishing step ({', '.join(FINISHERS)})", "finish"
+            )
         steps.append(parse_step(current))
         current = []
     return steps
 
 
 def help_text(step: str | None = None) -> str:
-    """``--help`` output for the tool or one step."""
+    """``--help`` output for the tool or one step, laid out as click lays out ``nvshim``'s."""
+    helps = [("-h, --help", "Show this message and exit.")]
     if step is not None:
         summary, options, positional = STEPS[step]
-        words = [f"[{name} {meta}]" for name, (_, meta, _) in options.items()]
-        words += [p.upper() for p in positional]
-        lines = [f"usage: {TOOL} {step} [--config FILE] {' '.join(words)}".rstrip()]
-        lines += ["", summary, "", "options:", f"  {'--config FILE':<17} {CONFIG_HELP}"]
-        shown = {**options, **STATE_OPTION}
-        lines += [f"  {name + ' ' + meta:<17} {text}" for name, (_, meta, text) in shown.items()]
-        return "\n".join(lines) + "\n"
-    lines = [
-        f"usage: {TOOL} [--config FILE] [--log-format text|json] STEP [OPTIONS]",
-        "",
-        "OCI hook for GPU containers; reads the OCI state JSON on stdin.",
-        "",
-        "steps:",
-    ]
-    lines += [f"  {name:<34} {summary}" for name, (summary, _, _) in STEPS.items()]
-    lines += ["", "NVIDIA's CDI hook lines run as they are: `hook STEP ...` (nvidia-ctk's form),"]
-    lines += ["-d/--debug/--quiet accepted; each step takes --container-spec FILE."]
-    lines += ["", "options:", f"  --config FILE    {CONFIG_HELP}"]
-    lines += ["  --log-format F   text or json: the decision log's format (default: config)"]
-    lines += ["  -h, --help       this help", "  --version        print the version"]
+        words = [p.upper() for p in positional]
+        rows = [("--config FILE", CONFIG_HELP)]
+        rows += [
+            (f"{name} {meta}", f"{text}; repeatable" if kind == "list" else text)
+            for name, (kind, meta, text) in options.items()
+        ]
+        rows += [(f"{name} {meta}", text) for name, (_, meta, text) in STATE_OPTION.items()]
+        usage = f"Usage: {TOOL} {step} [OPTIONS] {' '.join(words)}".rstrip()
+        return _page(usage, summary[:1].upper() + summary[1:] + ".", [("Options", rows + helps)])
+    steps = [(name, summary) for name, (summary, _, _) in STEPS.items()]
+    rows = [
+        ("--config FILE", CONFIG_HELP),
+        ("--log-format [text|json]",
+         "The decision log's format.  [default: the config's runtime.log-format]"),
+        ("--version", "Show the version and exit."),
+        *helps,
+    ]  # fmt: skip
+    about = (
+        "OCI hook for GPU containers; reads the OCI state JSON on stdin. NVIDIA's CDI hook"
+        " lines run as they are: `hook STEP ...` (nvidia-ctk's form), -d/--debug/--quiet"
+        " accepted; each step takes --container-spec FILE."
+    )
+    return _page(
+        f"Usage: {TOOL} [OPTIONS] STEP [ARGS]...", about, [("Options", rows), ("Steps", steps)]
+    )
+
+
+def _page(usage: str, about: str, sections: list[tuple[str, list[tuple[str, str]]]]) -> str:
+    """A help page: usage, the description, then each section's two columns."""
+    import textwrap
+
+    lines = [usage, "", *textwrap.wrap(about, 76, initial_indent="  ", subsequent_indent="  ")]
+    for title, rows in sections:
+        width = min(max(len(left) for left, _ in rows), 30) + 2
+        lines += ["", f"{title}:"]
+        for left, text in rows:
+            wrapped = textwrap.wrap(text[:1].upper() + text[1:], 78 - width - 2) or [""]
+            if len(left) + 2 > width:
+                lines.append(f"  {left}")
+                lines += [f"  {'':<{width}}{w}" for w in wrapped]
+            else:
+                lines.append(f"  {left:<{width}}{wrapped[0]}")
+                lines += [f"  {'':<{width}}{w}" for w in wrapped[1:]]
     return "\n".join(lines) + "\n"

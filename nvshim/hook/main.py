@@ -11,7 +11,7 @@ import os
 import sys
 
 from nvshim.config import load_config
-from nvshim.errors import NvshimError, one_line
+from nvshim.errors import NvshimError, error_line, one_line
 from nvshim.hook.args import HelpRequested, HookArgs, parse_args, parse_finish
 from nvshim.hook.steps import Context, finishing_steps, run_steps
 from nvshim.log import log_decision
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(shown.text)
         return 0
     except NvshimError as err:
-        print(f"{TOOL}: error: {err}", file=sys.stderr)
+        print(error_line(TOOL, err), file=sys.stderr)
         return err.exit_code
     try:
         config = load_config(args.config)

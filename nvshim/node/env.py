@@ -20,6 +20,7 @@ from nvshim.engines import ENGINES
 from nvshim.engines.settings import (
     DEFAULT_CONFIG,
     Settings,
+    flag_of,
     from_env,
     parse_bool,
     resolve_settings,
@@ -292,7 +293,7 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
         values.setdefault("_source", {})[setting] = name
 
     def src(setting: str) -> str:
-        return values.get("_source", {}).get(setting, "--" + setting.replace("_", "-"))
+        return values.get("_source", {}).get(setting, flag_of(setting))
 
     engine = values.setdefault("engine", "docker")
     if engine not in ENGINES:

@@ -43,7 +43,7 @@ class Case:
         args = [a.replace("{root}", str(root)) for a in self.args]
         if not any(a.startswith("--cgroup-driver") for a in args):
             args += ["--cgroup-driver", "cgroupfs"]  # not the test machine's own
-        return ["--runtime", self.engine, "--config", str(root / self.target), *args]
+        return ["--engine", self.engine, "--engine-config", str(root / self.target), *args]
 
     def expected(self) -> dict[str, bytes]:
         return tree(self.dir / "expected")

@@ -148,7 +148,7 @@ def main() -> int:
     nvshim("cdi", "generate", "-o", spec)
     summarize_spec(spec)
     nvshim("cdi", "validate", spec)
-    nvshim("cdi", "list", "--spec-dir", cdi_dir)
+    nvshim("cdi", "list", "--cdi-dir", cdi_dir)
 
     if shutil.which("podman"):
         from tests.podman_util import make_busybox_rootfs, podman_run
@@ -206,7 +206,7 @@ def main() -> int:
     print("\ndemo finished: everything above ran against the simulated host")
     print(f"everything it wrote is under {args.dir}; next, try:")
     env = f"NVSHIM_CONFIG={config} NVSHIM_CACHE_DIR={os.environ['NVSHIM_CACHE_DIR']}"
-    for command in ("nvshim info --json", f"nvshim cdi list --spec-dir {cdi_dir}",
+    for command in ("nvshim info --json", f"nvshim cdi list --cdi-dir {cdi_dir}",
                     "nvshim doctor", "nvshim --help"):  # fmt: skip
         print(f"  {env} .venv/bin/{command}")
     return 0

@@ -1,0 +1,65 @@
+"""The one help notation of every option of nvshim's click commands (``nvshim``,
+``nvshim-runtimed``): the description, then one bracket ``[env var: NAME, ...; default:
+VALUE]`` (click's own layout; docs/commands.md "Conventions")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import click
+
+__all__ = ["Option", "option"]
+
+
+class Option(click.Option):
+    """A click option whose help ends in ``[env var: ...; default: ...]``.
+
+    ``env``: the variables the setting is read from when the option is not given (shown
+    only; the command's resolver reads them). ``default``: a real default, shown when
+    ``show_default``; ``shown_default``: the words for a default resolved later (from the
+    config, per engine). ``hidden_opts``: spellings that work but are not shown (another
+    tool's name for the option)."""
+
+    def __init__(
+        self,
+        *args,
+        env: str | Sequence[str] = (),
+        shown_default: str | None = None,
+        hidden_opts: Sequence[str] = (),
+        **kwargs,
+    ) -> None:
+        self.show_default_value = bool(kwargs.pop("show_default", False))
+        super().__init__(*args, **kwargs)
+        self.env_names = (env,) if isinstance(env, str) else tuple(env)
+        self.shown_default = shown_default
+        self.hidden_opts = tuple(hidden_opts)
+
+    def help_extra(self) -> str:
+        """The bracket after the description (empty when there is nothing to say)."""
+        items = []
+        if self.env_names:
+            items.append("env var: " + ", ".join(self.env_names))
+        default = self.shown_default
+        if default is None and self.show_default_value and self.default is not None:
+            default = str(self.default)
+        if default is not None:
+            items.append(f"default: {default}")
+        return f"[{'; '.join(items)}]" if items else ""
+
+    def get_error_hint(self, ctx: click.Context) -> str:
+        return " / ".join(f"'{o}'" for o in self.opts if o not in self.hidden_opts)
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        saved = self.opts, self.help
+        extra = self.help_extra()
+        self.opts = [o for o in self.opts if o not in self.hidden_opts]
+        self.help = f"{self.help}  {extra}" if extra and self.help else (self.help or extra)
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts, self.help = saved
+
+
+def option(*decls: str, **kwargs) -> Callable[[Callable], Callable]:
+    """``click.option`` with the help notation of :class:`Option`."""
+    return click.option(*decls, cls=Option, **kwargs)

@@ -18,18 +18,25 @@ and the host never sees it. Its ``/etc/nvshim/config.toml`` names a simulated ho
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 
-from tests.conftest import REPO, VENV_BIN
-from tests.test_docs import FENCE, pages
-
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV_BIN = os.path.dirname(sys.executable)
+FENCE = re.compile(r"^\s*(```|~~~)")
 SHELLS = {"sh", "bash", "shell", "console"}
 MARKER = re.compile(r"^<!-- not run by tests: (.+?) -->\s*$")
 PROMPT = "$ "
+
+
+def pages(repo: str = REPO) -> list[str]:
+    """README.md and every docs/*.md page, as absolute paths."""
+    return [os.path.join(repo, "README.md"), *sorted(glob.glob(os.path.join(repo, "docs", "*.md")))]
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,14 @@ def page_commands(path: str, repo: str = REPO) -> list[Command]:
 
 def all_commands(repo: str = REPO) -> list[Command]:
     return [c for path in pages(repo) for c in page_commands(path, repo)]
+
+
+def documented(page: str, prefix: str) -> str:
+    """The one command of ``page`` (e.g. docs/install.md) that starts with ``prefix``, as
+    written: for a test that runs it."""
+    path = os.path.join(REPO, page)
+    (text,) = [c.text for c in page_commands(path) if c.text.startswith(prefix)]
+    return text
 
 
 def synopses(repo: str = REPO) -> list[str]:

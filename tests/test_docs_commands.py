@@ -5,6 +5,8 @@ is in exactly one class:
   on /etc, /usr, /run, /var, /opt, /tmp; /etc/nvshim/config.toml names a simulated host;
   kubectl talks to a real API server), its exit code and a piece of its output checked;
 - ELSEWHERE: a named test reads that command from the page and runs it;
+- SAME_PROGRAM: a named test runs the same program its own way (the one such command
+  and why are listed there);
 - NOT HERE: the page says why, in a marker right above the block.
 
 Each synopsis of docs/commands.md's table has an example among the RUN or ELSEWHERE ones.
@@ -19,10 +21,9 @@ from dataclasses import dataclass
 import pytest
 
 from tests.conftest import REPO
-from tests.docs_commands import Step, all_commands, page_commands, run_sandbox, synopses
-from tests.test_docs import pages
+from tests.docs_commands import Step, all_commands, page_commands, pages, run_sandbox, synopses
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox mounts (root)")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox mounts (root)")
 
 
 @dataclass(frozen=True)
@@ -163,23 +164,25 @@ ELSEWHERE = {
     ("docs/development.md", "python3 .ci/imports.py"):
         ("tests/test_imports.py", "python3 .ci/imports.py"),
     ("docs/dra.md", "kubectl -n nvshim delete"): ("tests/test_dra.py", "kubectl -n nvshim delete"),
+    ("docs/install.md", ".venv/bin/python3 packaging/bundle/build.py"):
+        ("tests/debroot.py", 'documented("docs/install.md", ".venv/bin/python3 packaging/bundle'),
+    ("docs/install.md", "ln -s packaging/debian debian"):
+        ("tests/test_debian_package.py", 'documented("docs/install.md", p) for p in ("ln -s "'),
+    ("docs/install.md", "dpkg-buildpackage"):
+        ("tests/test_debian_package.py", '"dpkg-buildpackage"))'),
+    ("docs/install.md", "lintian"):
+        ("tests/test_debian_package.py", 'documented("docs/install.md", "lintian ")'),
+    ("docs/real-gpu.md", ".venv/bin/python3 bench/real_gpu_carry.py"):
+        ("tests/test_real_gpu_kit.py", 'documented("docs/real-gpu.md", ".venv/bin/python3 bench/'),
     ("docs/install.md", "/tmp/nvshim-bundle/bin/nvshim install --root"):
         ("tests/test_bundle.py", "nvshim install --root"),
 }  # fmt: skip
-# Run by a test too, but with its own arguments, not read from the page (yet): the test
-# named runs the same program. Kept apart so that it is plain which ones they are.
+# Run by a test too, but with its own arguments, not read from the page: the test named
+# builds the installer image with packaging/container/build.py from a prebuilt Debian root
+# (--base-tar), not with mmdebstrap. Kept apart so that it is plain which ones they are.
 SAME_PROGRAM = {
-    ("docs/install.md", ".venv/bin/python3 packaging/bundle/build.py"):
-        ("tests/debroot.py", '"packaging", "bundle", "build.py"'),
-    ("docs/install.md", "ln -s packaging/debian debian"):
-        ("tests/test_debian_package.py", 'os.symlink("packaging/debian"'),
-    ("docs/install.md", "dpkg-buildpackage"):
-        ("tests/test_debian_package.py", "dpkg-buildpackage -b -us -uc"),
-    ("docs/install.md", "lintian"): ("tests/test_debian_package.py", '["lintian"'),
     ("docs/kubernetes.md", "python3 packaging/container/build.py"):
         ("tests/node_image.py", "packaging/container/build.py"),
-    ("docs/real-gpu.md", ".venv/bin/python3 bench/real_gpu_carry.py"):
-        ("tests/test_real_gpu_kit.py", "real_gpu_carry.py"),
 }  # fmt: skip
 
 # what the commands write on a real machine
@@ -352,6 +355,7 @@ def kube_bin() -> str:
     return k8s_bin()
 
 
+@needs_root
 @pytest.mark.parametrize("command", RUNS, ids=lambda c: f"{c.id} {c.text[:60]}")
 def test_run_as_written(command, ran):
     expect = RUN[(command.page, command.text)]
@@ -363,6 +367,7 @@ def test_run_as_written(command, ran):
     assert "Traceback" not in output, output
 
 
+@needs_root
 def test_the_sandbox_left_the_host_alone(ran):
     """What the commands wrote stayed in the overlays (tests/hostguard.py checks /run/nvshim
     and /var/log; these are the rest)."""

@@ -11,9 +11,10 @@ own reason, one marker per line right above the fence::
     <!-- not run by tests: `systemctl`, `apt install`: on the host -->   (those commands)
 
 The sandbox is a private mount namespace (and network namespace) whose ``/etc``,
-``/usr``, ``/run``, ``/var``, ``/opt`` and ``/tmp`` are overlays on the host's: a
-command writes ``/etc/nvshim/config.toml`` or ``/var/run/cdi/nvidia.yaml`` as written,
-and the host never sees it. Its ``/etc/nvshim/config.toml`` names a simulated host.
+``/usr``, ``/run``, ``/var``, ``/opt``, ``/tmp`` and checkout are overlays on the host's: a
+command writes ``/etc/nvshim/config.toml``, ``/var/run/cdi/nvidia.yaml`` or ``dist/`` as
+written, and neither the host nor the checkout sees it. Its ``/etc/nvshim/config.toml``
+names a simulated host.
 """
 
 from __future__ import annotations
@@ -185,11 +186,12 @@ def sandbox_script(
     ``cleanup`` (however it ends)."""
     q = shlex.quote
     lines = ["set -u", f"trap {q(cleanup)} EXIT", "ip link set lo up 2>/dev/null"]
-    for top in OVERLAID:
-        upper, scratch = f"{work}/overlay/{top}", f"{work}/overlay/{top}.work"
+    # the checkout first: an upper directory must not be on an overlay (/tmp's)
+    for name, top in [("checkout", REPO), *((t, f"/{t}") for t in OVERLAID)]:
+        upper, scratch = f"{work}/overlay/{name}", f"{work}/overlay/{name}.work"
         lines.append(
             f"mkdir -p {q(upper)} {q(scratch)} && mount -t overlay overlay "
-            f"-o lowerdir=/{top},upperdir={q(upper)},workdir={q(scratch)} /{top} || exit 90"
+            f"-o lowerdir={q(top)},upperdir={q(upper)},workdir={q(scratch)} {q(top)} || exit 90"
         )
     lines += [
         f"rm -rf {FRESH}",
@@ -204,10 +206,11 @@ def sandbox_script(
         body = f"{{ {command} & }}" if background else f"{{ {command}\n}}"
         lines += [
             f"printf '{BEGIN.strip()} {index}\\n'",
-            f"{{ {step.before}\n}} </dev/null 2>&1" if step.before else ":",
-            f"{body} </dev/null >$out 2>&1",
+            ": >$out",
+            f"{{ {step.before}\n}} </dev/null >>$out 2>&1" if step.before else ":",
+            f"{body} </dev/null >>$out 2>&1",
             "rc=$?; pid=$!" if step.daemon else "rc=$?",
-            f"{{ {step.after}\n}} </dev/null 2>&1" if step.after else ":",
+            f"{{ {step.after}\n}} </dev/null >>$out 2>&1" if step.after else ":",
         ]
         if step.daemon:
             lines.append('kill -TERM "$pid"; wait "$pid"; rc=$?')

@@ -127,6 +127,16 @@ RUN = {
         Run(r"installed /usr/bin/nvshim-runtime", step=Step(
             before='cp -a "$HOST_BUNDLE" /tmp/nvshim-bundle',
             after="head -1 /usr/local/nvshim/bin/nvshim; /usr/bin/nvshim --version")),
+    ("docs/install.md", "python3 -m pip wheel --no-deps -w dist ."):
+        Run(r"^nvshim-0\.1\.0-py3-none-any\.whl$", group="pip", step=Step(after="ls dist")),
+    ("docs/install.md", "python3 -m venv /opt/nvshim && /opt/nvshim/bin/pip install "
+                        "dist/nvshim-0.1.0-py3-none-any.whl"):
+        Run(r"Successfully installed .*nvshim-0\.1\.0", group="pip"),
+    ("docs/install.md", "/opt/nvshim/bin/nvshim install --bin-dir /usr/bin "
+                        "--hooks-dir /usr/share/containers/oci/hooks.d"):
+        Run(r"installed /usr/bin/nvshim-hook(.*\n)*^/opt/nvshim/lib/python3\.\d+/site-packages$",
+            group="pip", step=Step(after="grep -o '/opt/nvshim/lib/python3[.0-9]*/site-packages' "
+                                         "/usr/bin/nvshim-hook | head -1")),
     ("docs/install.md", "nvshim --version && nvshim info"):
         Run(r"^nvshim, version \d.*\n(.*\n)*Driver 550\.90\.12"),
     ("docs/install.md", "nvshim configure --runtime containerd --enable-cdi"):
@@ -276,57 +286,70 @@ def test_reading_a_page(tmp_path):
 # -- running them ------------------------------------------------------------------------
 
 
+# group -> the simulated host its /etc/nvshim/config.toml names, in a network namespace of
+# its own; None: no host, the network of the rest of the suite (an API server on this
+# machine; the package index pip reaches, as for the bundle build of tests/debroot.py)
+GROUPS = {"mig": "h100x8-mig", "rdma": "hgx-h100x8-rdma", "kube": None, "pip": None}
+
+
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory):
-    """{command id: (exit code, output)} of every RUN command, each group in one sandbox."""
-    from tests.sim import fake_mps_control
-    from tests.sim.simhost import build_host
+    """{command id: (exit code, output)} of every RUN command, each group in one sandbox
+    (the groups at once: most of their time is waiting)."""
+    from concurrent.futures import ThreadPoolExecutor
 
     work = tmp_path_factory.mktemp("docs-commands")
     results = {"host before": {p: os.path.lexists(p) for p in WRITTEN}}
-    for group, host in (("mig", "h100x8-mig"), ("rdma", "hgx-h100x8-rdma"), ("kube", None)):
-        commands = [c for c in RUNS if RUN[(c.page, c.text)].group == group]
-        base = work / group
-        env = {}
-        config = base / "config.toml"
-        base.mkdir()
-        if host:
-            sim = build_host(host, str(base / "host"), extra_files=fake_mps_control.extra_files())
-            config.write_text(
-                f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
-                '[sharing]\nconfig = "/etc/nvshim/sharing.yaml"\n'
-            )
-            env["SIM"] = sim.driver_root
-        else:
-            config.write_text("")
-        if group == "mig":
-            env.update(bundles(base))
-        if group == "kube":
-            server = api_server(base)
-            env["KUBECONFIG"] = str(server.kubeconfig)
-            env["PATH"] = f"{kube_bin()}:{os.environ['PATH']}"
-        steps = [(c.text.replace(BUNDLE_DIR, "$BUNDLE"), RUN[(c.page, c.text)].step)
-                 for c in commands]  # fmt: skip
-        setup = Step()
-        if host:  # the sharing file the device plugin would be given (docs/sharing.md)
-            corpus = os.path.join(REPO, "tests", "sharing_corpus", "mps-mixed.yaml")
-            setup = Step(before=f"cp {corpus} /etc/nvshim/sharing.yaml")
-        try:
-            outcome = run_sandbox(
-                str(base), str(config), [(":", setup), *steps], env, teardown(group),
-                net=group != "kube",
-            )  # fmt: skip
-        finally:
-            if group == "kube":
-                server.stop()
-        for command, result in zip(commands, outcome[1:], strict=True):
-            results[command.id] = result
+    with ThreadPoolExecutor(len(GROUPS)) as pool:
+        for done in pool.map(lambda group: run_group(work / group, group), GROUPS):
+            results.update(done)
     return results
+
+
+def run_group(base, group: str) -> dict[str, tuple[int, str]]:
+    """{command id: (exit code, output)} of the RUN commands of ``group``, in page order."""
+    from tests.sim import fake_mps_control
+    from tests.sim.simhost import build_host
+
+    host = GROUPS[group]
+    commands = [c for c in RUNS if RUN[(c.page, c.text)].group == group]
+    env, server = {}, None
+    config = base / "config.toml"
+    base.mkdir()
+    config.write_text("")
+    setup = Step()
+    if host:
+        sim = build_host(host, str(base / "host"), extra_files=fake_mps_control.extra_files())
+        config.write_text(
+            f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
+            '[sharing]\nconfig = "/etc/nvshim/sharing.yaml"\n'
+        )
+        env["SIM"] = sim.driver_root
+        # the sharing file the device plugin would be given (docs/sharing.md)
+        corpus = os.path.join(REPO, "tests", "sharing_corpus", "mps-mixed.yaml")
+        setup = Step(before=f"cp {corpus} /etc/nvshim/sharing.yaml")
+    if group == "mig":
+        env.update(bundles(base))
+    if group == "kube":
+        server = api_server(base)
+        env["KUBECONFIG"] = str(server.kubeconfig)
+        env["PATH"] = f"{kube_bin()}:{os.environ['PATH']}"
+    steps = [(c.text.replace(BUNDLE_DIR, "$BUNDLE"), RUN[(c.page, c.text)].step)
+             for c in commands]  # fmt: skip
+    try:
+        outcome = run_sandbox(
+            str(base), str(config), [(":", setup), *steps], env, teardown(group),
+            net=host is not None,
+        )  # fmt: skip
+    finally:
+        if server is not None:
+            server.stop()
+    return {c.id: result for c, result in zip(commands, outcome[1:], strict=True)}
 
 
 def teardown(group: str) -> str:
     """What the sandbox stops before it goes: MPS daemons, background jobs."""
-    if group == "kube":
+    if GROUPS[group] is None:
         return ":"
     return "nvshim mps stop >/dev/null 2>&1; kill $(jobs -p) 2>/dev/null; wait"
 

@@ -187,12 +187,20 @@ ELSEWHERE = {
     ("docs/install.md", "/tmp/nvshim-bundle/bin/nvshim install --root"):
         ("tests/test_bundle.py", "nvshim install --root"),
 }  # fmt: skip
-# Run by a test too, but with its own arguments, not read from the page: the test named
-# builds the installer image with packaging/container/build.py from a prebuilt Debian root
-# (--base-tar), not with mmdebstrap. Kept apart so that it is plain which ones they are.
+# Run by a test too, but its own way, not read from the page: tests/node_image.py builds
+# the installer image with packaging/container/build.py from a prebuilt Debian root
+# (--base-tar), not with mmdebstrap; the steps that need nodes running the DaemonSet run
+# on tests/test_k8s_node_e2e.py's real kubelet (containerd and CRI-O), in its namespaces.
+# Kept apart so that it is plain which ones they are.
 SAME_PROGRAM = {
     ("docs/kubernetes.md", "python3 packaging/container/build.py"):
         ("tests/node_image.py", "packaging/container/build.py"),
+    ("docs/kubernetes.md", "kubectl -n nvshim rollout status daemonset/nvshim-node"):
+        ("tests/test_k8s_node_e2e.py", '"rollout", "status", "daemonset/nvshim-node"'),
+    ("docs/kubernetes.md", "kubectl logs gpu-smoke"):
+        ("tests/test_k8s_node_e2e.py", 'node.logs("gpu-smoke")'),
+    ("docs/kubernetes.md", "kubectl -n nvshim logs daemonset/nvshim-node -c nvshim-node"):
+        ("tests/test_k8s_node_e2e.py", '"daemonset/nvshim-node", "-c", "nvshim-node"'),
 }  # fmt: skip
 
 # what the commands write on a real machine

@@ -45,10 +45,14 @@ EXPORTER = (
     " except OSError: time.sleep(0.05)'"
 )
 RUNTIMED = "for _ in $(seq 200); do [ -S /run/nvshim/runtime.sock ] && break; sleep 0.05; done"
-CONTAINERD = (
+CONTAINERD = (  # a real containerd on the documented socket (it exits on SIGHUP)
     "containerd --root /run/docs-containerd --state /run/containerd "
-    "--address /run/containerd/containerd.sock >/dev/null 2>&1 &\n"
+    "--address /run/containerd/containerd.sock >/dev/null 2>&1 & ctd=$!\n"
     "for _ in $(seq 300); do [ -S /run/containerd/containerd.sock ] && break; sleep 0.05; done"
+)
+CONTAINERD_GONE = (
+    "for _ in $(seq 200); do kill -0 $ctd 2>/dev/null || break; sleep 0.05; done\n"
+    'kill -0 $ctd 2>/dev/null && echo "containerd still running" && kill $ctd; wait $ctd'
 )
 
 # (page, command as written) -> how it is checked
@@ -82,7 +86,7 @@ RUN = {
     ("docs/commands.md", "nvshim configure --runtime containerd --enable-cdi --restart signal "
                          "--socket /run/containerd/containerd.sock"):
         Run(r"sent SIGHUP to containerd \(pid \d+\), the owner of /run/containerd/containerd\.sock",
-            step=Step(before=CONTAINERD, after="wait")),
+            step=Step(before=CONTAINERD, after=CONTAINERD_GONE), absent="still running"),
     ("docs/commands.md", "nvshim configure --runtime docker --set-as-default --dry-run"):
         Run(r'\+    "default-runtime": "nvshim"\n(.*\n)*dry run: nothing written',
             step=Step(after="test ! -e /etc/docker/daemon.json && echo 'nothing written'")),

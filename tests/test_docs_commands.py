@@ -186,19 +186,19 @@ ELSEWHERE = {
         ("tests/test_debian_package.py", '"dpkg-buildpackage"))'),
     ("docs/install.md", "lintian"):
         ("tests/test_debian_package.py", 'documented("docs/install.md", "lintian ")'),
+    # as written where mmdebstrap is missing (its one-line error); the image itself is built
+    # from a prebuilt Debian root with --base-tar by tests/node_image.py
+    ("docs/kubernetes.md", "python3 packaging/container/build.py"):
+        ("tests/test_node_image.py", 'documented("docs/kubernetes.md", "python3 packaging/'),
     ("docs/real-gpu.md", ".venv/bin/python3 bench/real_gpu_carry.py"):
         ("tests/test_real_gpu_kit.py", 'documented("docs/real-gpu.md", ".venv/bin/python3 bench/'),
     ("docs/install.md", "/tmp/nvshim-bundle/bin/nvshim install --root"):
         ("tests/test_bundle.py", "nvshim install --root"),
 }  # fmt: skip
-# Run by a test too, but its own way, not read from the page: tests/node_image.py builds
-# the installer image with packaging/container/build.py from a prebuilt Debian root
-# (--base-tar), not with mmdebstrap; the steps that need nodes running the DaemonSet run
-# on tests/test_k8s_node_e2e.py's real kubelet (containerd and CRI-O), in its namespaces.
-# Kept apart so that it is plain which ones they are.
+# Run by a test too, but its own way, not read from the page: the steps that need nodes
+# running the DaemonSet run on tests/test_k8s_node_e2e.py's real kubelet (containerd and
+# CRI-O), in its namespaces. Kept apart so that it is plain which ones they are.
 SAME_PROGRAM = {
-    ("docs/kubernetes.md", "python3 packaging/container/build.py"):
-        ("tests/node_image.py", "packaging/container/build.py"),
     ("docs/kubernetes.md", "kubectl -n nvshim rollout status daemonset/nvshim-node"):
         ("tests/test_k8s_node_e2e.py", '"rollout", "status", "daemonset/nvshim-node"'),
     ("docs/kubernetes.md", "kubectl logs gpu-smoke"):

@@ -197,8 +197,14 @@ ELSEWHERE = {
 }  # fmt: skip
 # Run by a test too, but its own way, not read from the page: the steps that need nodes
 # running the DaemonSet run on tests/test_k8s_node_e2e.py's real kubelet (containerd and
-# CRI-O), in its namespaces. Kept apart so that it is plain which ones they are.
+# CRI-O), in its namespaces; the package is installed with dpkg -i (the page's other way)
+# into a scratch Debian root; the real-GPU kit runs on a simulated host, where its CUDA
+# checks skip. Kept apart so that it is plain which ones they are.
 SAME_PROGRAM = {
+    ("docs/install.md", "apt install ./nvshim_0.1.0-1_amd64.deb"):
+        ("tests/test_debian_package.py", 'node.run("dpkg -i /ctr/nvshim.deb")'),
+    ("docs/real-gpu.md", "sudo sh bench/real_gpu.sh"):
+        ("tests/test_real_gpu_kit.py", '"bench", "real_gpu.sh"), "--out"'),
     ("docs/kubernetes.md", "kubectl -n nvshim rollout status daemonset/nvshim-node"):
         ("tests/test_k8s_node_e2e.py", '"rollout", "status", "daemonset/nvshim-node"'),
     ("docs/kubernetes.md", "kubectl logs gpu-smoke"):

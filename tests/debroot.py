@@ -98,15 +98,19 @@ def unpack(tar: str, dest: str) -> str:
 
 
 def bundle_dir() -> str:
-    """The host bundle built from this checkout (cached by its inputs), prefixed at its
+    """The host bundle built from this checkout by docs/install.md's build line (its
+    directory put in for ``/tmp/nvshim-bundle``), cached by its inputs, prefixed at its
     own cache path. Copy it with ``nvshim.install.install_host`` to use it elsewhere."""
+    import shlex
+
+    from tests.docs_commands import documented
+
     inputs = {"sources": tree_digest(BUNDLE_INPUTS), "python": os.path.realpath(sys.executable)}
-    builder = os.path.join(REPO, "packaging", "bundle", "build.py")
+    line = documented("docs/install.md", ".venv/bin/python3 packaging/bundle/build.py")
 
     def build(path: str) -> None:
         final = path[: -len(".building")]
-        subprocess.run(
-            [sys.executable, builder, path, "--prefix", final], check=True, capture_output=True
-        )
+        argv = [path if word == "/tmp/nvshim-bundle" else word for word in shlex.split(line)]
+        subprocess.run([*argv, "--prefix", final], cwd=REPO, check=True, capture_output=True)
 
     return cached("bundle", inputs, build)

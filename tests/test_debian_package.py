@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 
@@ -17,6 +18,7 @@ import pytest
 from nvshim.runtime import DAEMON_SOCKET
 from tests.conftest import REPO, write_config
 from tests.debroot import bundle_dir, cached, debian_root_tar, unpack
+from tests.docs_commands import documented
 from tests.runc_util import daemon_calls, make_bundle
 from tests.test_runtime import SHOW, gpu_nodes
 
@@ -50,10 +52,13 @@ def package() -> str:
         src = os.path.join(path, "src")
         os.makedirs(path)
         subprocess.run(["git", "clone", "--quiet", REPO, src], check=True)
-        os.symlink("packaging/debian", os.path.join(src, "debian"))
+        # docs/install.md's lines, as written
+        link, build = (documented("docs/install.md", p) for p in ("ln -s ", "dpkg-buildpackage"))
+        lint = shlex.split(documented("docs/install.md", "lintian "))
+        subprocess.run(["sh", "-c", link], cwd=src, check=True)
         # a private /run: the build runs nvshim, which keeps caches there. -d: with a
         # prebuilt bundle, the bundle build's tools (python3-venv) are not needed
-        script = "mount -t tmpfs tmpfs /run && dpkg-buildpackage -b -us -uc -d"
+        script = f"mount -t tmpfs tmpfs /run && {build} -d"
         proc = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
             cwd=src,
@@ -62,10 +67,11 @@ def package() -> str:
             text=True,
         )
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        (changes,) = glob.glob(os.path.join(path, "*.changes"))
+        assert os.path.isfile(os.path.join(src, lint[-1]))  # the .changes the page names
         lint = subprocess.run(
-            ["lintian", "--tag-display-limit", "0", changes], capture_output=True, text=True
-        )
+            [lint[0], "--tag-display-limit", "0", *lint[1:]], cwd=src, capture_output=True,
+            text=True,
+        )  # fmt: skip
         with open(os.path.join(path, "lintian.txt"), "w") as fh:
             fh.write(lint.stdout)
         status = subprocess.run(

@@ -1,4 +1,4 @@
-"""The quick start's demo (tests/demo.sh runs tests.sim.demo) on every shipped simulated
+"""README.md's quick-start demo (tests/demo.sh runs tests.sim.demo) on every shipped simulated
 host: it passes, shows each command it runs, writes only into its scratch directory, and
 the next commands it suggests run as printed."""
 
@@ -7,13 +7,19 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the simulated host needs mknod")
+
+
+def quick_start() -> list[str]:
+    """README.md's quick-start command that runs the demo, as argv (``bash tests/demo.sh``)."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        (line,) = [ln for ln in fh if ln.startswith("bash tests/demo.sh")]
+    return line.split("#", 1)[0].split()
 
 
 HOSTS = sorted(n[:-5] for n in os.listdir(f"{REPO}/tests/sim/hosts") if n.endswith(".yaml"))
@@ -24,7 +30,7 @@ def test_demo_on_every_simulated_host(host, tmp_path):
     scratch = tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if k not in ("NVSHIM_CACHE_DIR", "NVSHIM_CONFIG")}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.sim.demo", "--host", host, "--dir", str(scratch)],
+        [*quick_start(), "--host", host, "--dir", str(scratch)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     out = proc.stdout

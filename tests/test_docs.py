@@ -5,24 +5,18 @@ start names files that exist."""
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 
 import pytest
 
 from tests.conftest import REPO
+from tests.docs_commands import FENCE, pages
 
 LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)\)")
-FENCE = re.compile(r"^\s*(```|~~~)")
 CONTENTS = "**Contents**"
 # a page with this many sections (##) opens with a Contents list
 LONG_PAGE_SECTIONS = 3
-
-
-def pages(repo: str = REPO) -> list[str]:
-    """README.md and every docs/*.md page, as absolute paths."""
-    return [os.path.join(repo, "README.md"), *sorted(glob.glob(os.path.join(repo, "docs", "*.md")))]
 
 
 def prose(text: str) -> list[str]:

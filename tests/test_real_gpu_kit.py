@@ -322,18 +322,22 @@ def test_snapshot_sees_a_compute_mode_change(tmp_path):
 
 def test_kit_runs_from_a_checkout_without_venv(sim_hosts, tmp_path):
     """A GPU host that reaches no registry: a copy of the checkout without .venv, plus
-    what bench/real_gpu_carry.py collected (site, probe image, runc), run by python3
-    with no runc on PATH but the carried one."""
+    what bench/real_gpu_carry.py collected (site, probe image, runc; docs/real-gpu.md's
+    line, run as written in the copy while its .venv is there), run by python3 with no
+    runc on PATH but the carried one."""
+    import shlex
+
+    from tests.docs_commands import documented
+
     sim = sim_hosts("single")
     checkout = tmp_path / "checkout"
     skip = shutil.ignore_patterns(".venv", ".git", "build", "__pycache__", ".*_cache")
     shutil.copytree(REPO, checkout, ignore=skip)
     carry = checkout / "build" / "real-gpu-kit"
-    subprocess.run(
-        [sys.executable, str(checkout / "bench" / "real_gpu_carry.py"), str(carry)],
-        check=True,
-        capture_output=True,
-    )
+    os.symlink(os.path.dirname(os.path.dirname(sys.executable)), checkout / ".venv")
+    line = documented("docs/real-gpu.md", ".venv/bin/python3 bench/real_gpu_carry.py")
+    subprocess.run(shlex.split(line), cwd=checkout, check=True, capture_output=True)
+    os.unlink(checkout / ".venv")  # the GPU host has none
     assert {"probe-image.tar.gz", "site", "bin", "lib"} <= set(os.listdir(carry))
     out = tmp_path / "report.md"
     proc = subprocess.run(

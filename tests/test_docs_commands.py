@@ -81,18 +81,18 @@ RUN = {
             step=Step(after="readlink /usr/bin/nvshim-hook")),
     ("docs/commands.md", "nvshim system create-device-nodes --control-devices --dry-run"):
         Run(r"/dev/nvidia-uvm-tools: present \(508:1\)"),
-    ("docs/commands.md", "nvshim node show --runtime containerd --host-root /host"):
+    ("docs/commands.md", "nvshim node show --engine containerd --host-root /host"):
         Run(r'"config": "/host/etc/containerd/config\.toml"'),
-    ("docs/commands.md", "nvshim configure --runtime containerd --enable-cdi --restart signal "
+    ("docs/commands.md", "nvshim configure --engine containerd --enable-cdi --restart signal "
                          "--socket /run/containerd/containerd.sock"):
         Run(r"sent SIGHUP to containerd \(pid \d+\), the owner of /run/containerd/containerd\.sock",
             step=Step(before=CONTAINERD, after=CONTAINERD_GONE), absent="still running"),
-    ("docs/commands.md", "nvshim configure --runtime docker --set-as-default --dry-run"):
+    ("docs/commands.md", "nvshim configure --engine docker --set-as-default --dry-run"):
         Run(r'\+    "default-runtime": "nvshim"\n(.*\n)*dry run: nothing written',
             step=Step(after="test ! -e /etc/docker/daemon.json && echo 'nothing written'")),
-    ("docs/commands.md", "nvshim configure --runtime crio"):
+    ("docs/commands.md", "nvshim configure --engine crio"):
         Run(r"/etc/crio/crio\.conf\.d/99-nvshim\.toml: runtime 'nvshim' -> /usr/bin/nvshim-runtim"),
-    ("docs/commands.md", "nvshim unconfigure --runtime containerd"):
+    ("docs/commands.md", "nvshim unconfigure --engine containerd"):
         Run(r"/etc/containerd/config\.toml", step=Step(
             after="test ! -e /etc/containerd/config.toml && echo 'original bytes: no file'")),
     ("docs/commands.md", "kubectl apply -f packaging/kubernetes/base/runtimeclass.yaml"):
@@ -103,8 +103,8 @@ RUN = {
         Run(r"wrote /var/run/cdi/nvidia-shared\.yaml: \d+ devices, cdiVersion 0\.6\.0"),
     ("docs/commands.md", "nvshim doctor"):
         Run(r"OK +driver +driver 550\.90\.12, 8 GPU\(s\)(.*\n)*FAIL +engine-loaded", code=1),
-    ("docs/commands.md", "nvshim doctor --json --engine containerd --check engine-loaded "
-                         "--check cdi-spec"):
+    ("docs/commands.md", "nvshim doctor --json --engine containerd --only engine-loaded "
+                         "--only cdi-spec"):
         Run(r'"healthy": false,\n(.*\n)* +"name": "cdi-spec",\n +"status": "ok"', code=1),
     ("docs/commands.md", "nvshim exporter --listen 127.0.0.1:9400 &"):
         Run(r"^nvshim_doctor_healthy 0\.0", code=0, step=Step(after=EXPORTER, daemon=True)),
@@ -142,8 +142,8 @@ RUN = {
             group="pip", step=Step(after="grep -o '/opt/nvshim/lib/python3[.0-9]*/site-packages' "
                                          "/usr/bin/nvshim-hook | head -1")),
     ("docs/install.md", "nvshim --version && nvshim info"):
-        Run(r"^nvshim, version \d.*\n(.*\n)*Driver 550\.90\.12"),
-    ("docs/install.md", "nvshim configure --runtime containerd --enable-cdi"):
+        Run(r"^nvshim version \d.*\n(.*\n)*Driver 550\.90\.12"),
+    ("docs/install.md", "nvshim configure --engine containerd --enable-cdi"):
         Run(r"/etc/containerd/config\.toml: .*runtime 'nvshim' -> /usr/bin/nvshim-runtime"),
     ("docs/install.md", "nvshim cdi refresh"): Run(r"/var/run/cdi/nvidia\.yaml .*33 devices"),
     ("docs/install.md", "nvshim cdi refresh --force"):

@@ -35,7 +35,7 @@ def write_pairing_config(tmp_path, host, launchers, **pairing) -> str:
         "[runtime]",
         f'log-file = "{tmp_path}/nvshim.log"',
         f'hook-path = "{launchers}/nvshim-hook"',
-        f'state-dir = "{tmp_path}/state"',
+        f'inventory-dir = "{tmp_path}/state"',
         "[policy]",
         "accept-env-unprivileged = true",
         "[pairing]",
@@ -387,10 +387,10 @@ def test_prestart_hook_pairs_and_hands_over_too(tmp_path, launchers, hgx):
 
 
 def test_doctor_checks(sim_hosts, tmp_path):
-    from nvshim.config import Config, default_values
+    from nvshim.config import Config
     from nvshim.pairing.checks import check_gpu_nics, check_peermem
 
-    config = Config(default_values())
+    config = Config()
     for name, want in (("hgx-h100x8-rdma", "ok"), ("rdma-cross-socket", "warn")):
         sim = sim_hosts(name)
         status, reason, fix = check_gpu_nics(discover_host(sim.driver_root, sim.dev_root), config)

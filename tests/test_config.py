@@ -4,13 +4,16 @@ effective configuration `config show` prints."""
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
 from nvshim import config as config_module
 from nvshim.config import Config, PairingConfig, load_config, parse_config
 from nvshim.errors import NvshimError
 from nvshim.record import fields
-from tests.conftest import run_nvshim
+from tests.conftest import REPO, run_nvshim
 
 
 def test_missing_default_file_means_defaults(monkeypatch, tmp_path):
@@ -193,3 +196,12 @@ def test_the_cached_load_rebuilds_the_same_records(tmp_path, monkeypatch):
     entry.write_bytes(fastjson.dumps(data).encode())
     monkeypatch.setattr(config_module, "parse_config", parse_config)
     assert load_config(str(path)) == first
+
+
+def test_the_documented_keys_are_every_key_with_its_default():
+    """docs/configuration.md's TOML block lists every key, in order, at its default."""
+    with open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8") as fh:
+        block = fh.read().split("```toml\n", 1)[1].split("```", 1)[0]
+    names = re.compile(r"^(\[\w+\]|[a-z-]+)(?= |$)", re.M)  # tables and keys
+    assert names.findall(block) == names.findall(config_module.render_config(Config()))
+    assert parse_config(block.encode(), "doc") == Config(path="doc")  # no warning either

@@ -267,7 +267,8 @@ def _checked(value, annotation: str, rules: Key | None, where: str):
     ``where`` otherwise), folded to upper case where the key says so."""
     want = _TYPES[annotation]
     if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
-        raise NvshimError(f"{where} must be a {want.__name__}, got {value!r}")
+        article = "an" if want is int else "a"
+        raise NvshimError(f"{where} must be {article} {want.__name__}, got {value!r}")
     if want is list and not all(isinstance(v, str) for v in value):
         raise NvshimError(f"{where} must be a list of strings")
     if rules is None:
@@ -276,13 +277,12 @@ def _checked(value, annotation: str, rules: Key | None, where: str):
         value = value.strip().upper()
     if rules.choices:
         _one_of(value, rules.choices, where)
-    for entry in value if want is list else ():
-        if rules.each:
-            _one_of(entry, rules.each, f"{where} entry")
     if rules.minimum is not None and value < rules.minimum:
         raise NvshimError(f"{where} must be at least {rules.minimum}, got {value!r}")
-    for entry in (value if want is list else [value]) if rules.check else ():
-        problem = rules.check(entry)
+    for entry in value if want is list else [value]:
+        if rules.each:
+            _one_of(entry, rules.each, f"{where} entry")
+        problem = rules.check(entry) if rules.check else None
         if problem:
             raise NvshimError(f"{where}: {entry!r} {problem}")
     return value

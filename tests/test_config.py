@@ -63,8 +63,8 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
         # a misspelt choice gets the closest one
         ('[runtime]\nlog-level = "warnng"\n', "got 'warnng' (did you mean warning?)"),
         ("[runtime]\nlog-backups = -1\n", "runtime.log-backups must be at least 0, got -1"),
-        ("[runtime]\nlog-max-size = 1.5\n", "runtime.log-max-size must be a int, got 1.5"),
-        ("[runtime]\nlog-backups = true\n", "runtime.log-backups must be a int, got True"),
+        ("[runtime]\nlog-max-size = 1.5\n", "runtime.log-max-size must be an int, got 1.5"),
+        ("[runtime]\nlog-backups = true\n", "runtime.log-backups must be an int, got True"),
         # [pairing]: checked here, not when a container first asks for a NIC
         ('[pairing]\nworst-affinity = "PBX"\n', "got 'PBX' (did you mean PXB?)"),
         (

@@ -65,6 +65,20 @@ def _netdev_name(value: str) -> str | None:
     return None
 
 
+def _cdi_vendor(value: str) -> str | None:
+    from nvshim.cdi.names import why_invalid
+
+    reason = why_invalid("vendor", value)
+    return reason and f"is not a CDI vendor name: {reason}"
+
+
+def _cdi_class(value: str) -> str | None:
+    from nvshim.cdi.names import why_invalid
+
+    reason = why_invalid("class", value)
+    return reason and f"is not a CDI class name: {reason}"
+
+
 @record(frozen=True)
 class HostConfig:
     """``[host]``: where the driver's files and the device nodes are."""
@@ -99,8 +113,8 @@ class PolicyConfig:
     # where CDI names of other vendors are looked up (nvshim.policy.cdinames)
     cdi_spec_dirs: list[str] = key(["/etc/cdi", "/var/run/cdi"])
     default_capabilities: str = "utility,compute"
-    cdi_vendor: str = "nvidia.com"
-    cdi_class: str = "gpu"
+    cdi_vendor: str = key("nvidia.com", check=_cdi_vendor)
+    cdi_class: str = key("gpu", check=_cdi_class)
 
 
 @record(frozen=True)

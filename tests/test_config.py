@@ -78,6 +78,11 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
         ),
         ('[pairing]\nmove-physical = [""]\n', "pairing.move-physical: '' is not a PCI"),
         (
+            '[policy]\ncdi-vendor = "nvidia com"\n',
+            "policy.cdi-vendor: 'nvidia com' is not a CDI vendor name: character \" \" is not",
+        ),
+        ('[policy]\ncdi-class = "1gpu"\n', "policy.cdi-class: '1gpu' is not a CDI class name"),
+        (
             '[pairing]\nnetdev-name = "a-very-long-name%d"\n',
             "pairing.netdev-name: 'a-very-long-name%d' is not a usable name pattern",
         ),

@@ -62,7 +62,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-compat-") as tmp:
         config_file = os.path.join(tmp, "config.toml")
         with open(config_file, "w") as fh:
-            fh.write(f'[runtime]\nlog-file = "{tmp}/log"\nstate-dir = "{tmp}/state"\n')
+            fh.write(f'[runtime]\nlog-file = "{tmp}/log"\ninventory-dir = "{tmp}/state"\n')
         config = load_config(config_file)
         for label, compat in (("no compat library", False), ("a newer compat library", True)):
             rootfs = make_busybox_rootfs(os.path.join(tmp, label.replace(" ", "-")))

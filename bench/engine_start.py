@@ -255,7 +255,7 @@ def main() -> None:
             fh.write(
                 f'[host]\ndriver-root = "{roots[0]}"\ndev-root = "{roots[1]}"\n'
                 f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{work}/log"\n'
-                f'state-dir = "{work}/state-nvshim"\n[policy]\naccept-env-unprivileged = true\n'
+                f'inventory-dir = "{work}/state-nvshim"\n[policy]\naccept-env-unprivileged = true\n'
             )
         rootfs = make_busybox_rootfs(os.path.join(work, "rootfs"), glibc_loader=False)
         if not os.path.lexists(os.path.join(rootfs, "bin", "sleep")):  # the pause image's

@@ -79,18 +79,18 @@ def _per_call(log_decision, target, annotations, calls: int = 200) -> float:
 def micro(base_tree: str, tmp: str, blocks: int = 30) -> None:
     """Per-call cost of the baseline's log_decision and this tree's, in-process."""
     from nvshim import log
-    from nvshim.config import Config, default_values
+    from nvshim.config import Config, RuntimeConfig
 
     spec = importlib.util.spec_from_file_location("base_log", f"{base_tree}/nvshim/log.py")
     base_log = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(base_log)
-    text, json_values = default_values(), default_values()
-    text["runtime"]["log-file"] = f"{tmp}/micro-text.log"
-    json_values["runtime"].update({"log-file": f"{tmp}/micro-json.log", "log-format": "json"})
+    text = Config(runtime=RuntimeConfig(log_file=f"{tmp}/micro-text.log"))
+    json_file = f"{tmp}/micro-json.log"
+    json_config = Config(runtime=RuntimeConfig(log_file=json_file, log_format="json"))
     cases = {
         "baseline": (base_log.log_decision, f"{tmp}/micro-base.log", None),
-        "text": (log.log_decision, Config(text), POD),
-        "json": (log.log_decision, Config(json_values), POD),
+        "text": (log.log_decision, text, POD),
+        "json": (log.log_decision, json_config, POD),
     }
     times: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(blocks):

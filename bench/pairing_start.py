@@ -35,7 +35,7 @@ def _config(tmp: str, sim, bin_dir: str, name: str, pairing: str) -> dict[str, s
         fh.write(
             f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
             f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{tmp}/log"\n'
-            f'state-dir = "{tmp}/state"\n[policy]\naccept-env-unprivileged = true\n'
+            f'inventory-dir = "{tmp}/state"\n[policy]\naccept-env-unprivileged = true\n'
             f"[pairing]\n{pairing}\n"
         )
     return {"PATH": os.environ["PATH"], "NVSHIM_CONFIG": path}

@@ -123,7 +123,7 @@ class Kit:
             "[runtime]",
             f'log-file = "{self.work}/nvshim-{name}.log"',
             f'hook-path = "{self.bin_dir}/nvshim-hook"',
-            f'state-dir = "{self.work}/state-{name}"',
+            f'inventory-dir = "{self.work}/state-{name}"',
             "[policy]",
             f"accept-env-unprivileged = {'true' if accept_env else 'false'}",
         ]

@@ -78,7 +78,7 @@ def write_bench_config(directory: str, sim, bin_dir: str, runtime_extra: str = "
         fh.write(
             f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
             f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\nlog-file = "{directory}/log"\n'
-            f'state-dir = "{directory}/state"\n{runtime_extra}'
+            f'inventory-dir = "{directory}/state"\n{runtime_extra}'
             "[policy]\naccept-env-unprivileged = true\n"
         )
     return config

@@ -1,112 +1,180 @@
 """nvshim's own configuration, ``/etc/nvshim/config.toml`` (``NVSHIM_CONFIG`` overrides).
 
+One record per TOML table (``HostConfig`` for ``[host]``, ...), one field per key: the
+field's Python name is the key's with ``_`` for ``-`` (``log_level`` for ``log-level``),
+its annotation the key's type, its default the key's, and ``key(...)`` adds what else a
+value must be (choices, a check, the names it had before). ``parse_config`` checks every
+value against that once, at load; code reads attributes (``config.runtime.log_level``).
+
 Every key is optional; defaults are safe. Unknown keys produce warnings (with the closest
 known name), not failures; a value of the wrong type or outside its choices is an error.
 Only the standard library is used here (``tomllib``) so the runtime and hook can load it
-under ``python -I -S``. The runtime and hook load it for every container, so the parsed
-result is cached (``nvshim.filecache``) keyed by the file's exact text: ``tomllib`` (and
-the ``re`` it needs) is imported only when the file changed.
+under ``python -I -S``. The runtime and hook load it for every container, so the checked
+result is cached (``nvshim.filecache``, plain JSON) keyed by the file's exact text:
+``tomllib`` (and the ``re`` it needs) is imported only when the file changed.
 """
 
 from __future__ import annotations
 
 import os
 
-from nvshim.defaults import DEFAULT_CONFIG, DEFAULT_RUNTIMES
+from nvshim.defaults import DEFAULT_CONFIG, DEFAULT_RUNTIMES, PCIE_LEVELS
 from nvshim.errors import NvshimError, did_you_mean
-from nvshim.record import field, record
+from nvshim.record import field, fields, make, record, replace
 
 DEFAULT_PATH = DEFAULT_CONFIG
-
-DEFAULTS: dict[str, dict[str, object]] = {
-    "host": {
-        "driver-root": "/",
-        "dev-root": "/",
-    },
-    "runtime": {
-        "runtimes": list(DEFAULT_RUNTIMES),
-        "log-file": "/var/log/nvshim.log",
-        "log-format": "text",
-        "log-level": "info",
-        "log-max-size": 10 * 1024 * 1024,
-        "log-backups": 3,
-        "log-target": "file",
-        "hook-path": "/usr/bin/nvshim-hook",
-        "state-dir": "/run/nvshim",
-    },
-    "policy": {
-        "accept-env-unprivileged": False,
-        "fail-refused-env": True,  # a refused env request naming devices fails the container
-        "accept-volume-mounts": True,
-        "cdi-annotation-prefixes": ["cdi.k8s.io/"],
-        # where CDI names of other vendors are looked up (nvshim.policy.cdinames)
-        "cdi-spec-dirs": ["/etc/cdi", "/var/run/cdi"],
-        "default-capabilities": "utility,compute",
-        "cdi-vendor": "nvidia.com",
-        "cdi-class": "gpu",
-    },
-    "sharing": {
-        "config": "/etc/nvshim/sharing.yaml",
-        "config-name": "",
-        "config-default": "",
-        "mig-strategy": "",
-        "mps-root": "/run/nvshim/mps",
-        "on-daemon-down": "fail",
-    },
-    "pairing": {  # GPU-NIC pairing for GPUDirect RDMA (nvshim.policy.pairing)
-        "enabled": False,
-        "request-sources": ["annotation", "env"],
-        "nics": [],
-        "worst-affinity": "PXB",
-        "on-no-nic": "fail",
-        "exclusive": False,
-        "netdev-handover": False,
-        "netdev-name": "",
-        "move-physical": [],
-    },
-}
-
-# keys whose value is one of a fixed set (checked at load, like the types)
-CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("runtime", "log-format"): ("text", "json"),
-    ("runtime", "log-level"): ("debug", "info", "warning", "error"),
-    ("runtime", "log-target"): ("file", "journald"),
-    ("sharing", "mig-strategy"): ("", "none", "single", "mixed"),
-    ("sharing", "on-daemon-down"): ("fail", "warn"),
-    ("pairing", "on-no-nic"): ("fail", "warn"),
-}
+DEFAULT_INVENTORY_DIR = "/run/nvshim"
+PAIRING_SOURCES = ("annotation", "env")
+_TYPES = {"str": str, "int": int, "bool": bool, "list[str]": list}
 
 
-@record
+class Key:
+    """What a key's value must be besides its type (``key`` makes one)."""
+
+    __slots__ = ("choices", "each", "fold", "check", "minimum", "aliases")
+
+    def __init__(self, choices=(), each=(), fold=False, check=None, minimum=None, aliases=()):
+        self.choices = choices  # the value is one of these
+        self.each = each  # every entry of a list is one of these
+        self.fold = fold  # compared in upper case (and kept so)
+        self.check = check  # value (or each entry) -> what is wrong with it, or None
+        self.minimum = minimum
+        self.aliases = aliases  # older names of the key, still read with a warning
+
+
+def key(default, **rules):
+    """A field with ``Key(**rules)`` attached (a list default is copied per record)."""
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: list(default), metadata=Key(**rules))
+    return field(default=default, metadata=Key(**rules))
+
+
+def _nic_pattern(value: str) -> str | None:
+    """A ``[pairing] nics``/``move-physical`` entry: a PCI address, an HCA name or a netdev
+    name, shell wildcards allowed (``ibp*``)."""
+    allowed = "_-:.@*?[]!"
+    if value and len(value) <= 64 and all(c.isalnum() or c in allowed for c in value):
+        return None
+    return "is not a PCI address or an HCA/netdev name pattern"
+
+
+def _netdev_name(value: str) -> str | None:
+    """``[pairing] netdev-name``: a netdev name once ``%d`` is a number."""
+    if value and (len(value.replace("%d", "0")) > 13 or any(c in value for c in "/=: \t")):
+        return "is not a usable name pattern"
+    return None
+
+
+def _cdi_vendor(value: str) -> str | None:
+    from nvshim.cdi.names import why_invalid
+
+    reason = why_invalid("vendor", value)
+    return reason and f"is not a CDI vendor name: {reason}"
+
+
+def _cdi_class(value: str) -> str | None:
+    from nvshim.cdi.names import why_invalid
+
+    reason = why_invalid("class", value)
+    return reason and f"is not a CDI class name: {reason}"
+
+
+@record(frozen=True)
+class HostConfig:
+    """``[host]``: where the driver's files and the device nodes are."""
+
+    driver_root: str = "/"  # /run/nvidia/driver for a containerized driver
+    dev_root: str = "/"  # root of /dev, /proc and /sys
+
+
+@record(frozen=True)
+class RuntimeConfig:
+    """``[runtime]``: nvshim-runtime's low-level runtimes, log, hook and inventory directory."""
+
+    runtimes: list[str] = key(DEFAULT_RUNTIMES)
+    log_file: str = "/var/log/nvshim.log"
+    log_format: str = key("text", choices=("text", "json"))
+    log_level: str = key("info", choices=("debug", "info", "warning", "error"))
+    log_max_size: int = key(10 * 1024 * 1024, minimum=0)
+    log_backups: int = key(3, minimum=0)
+    log_target: str = key("file", choices=("file", "journald"))
+    hook_path: str = "/usr/bin/nvshim-hook"
+    inventory_dir: str = key(DEFAULT_INVENTORY_DIR, aliases=("state-dir",))
+
+
+@record(frozen=True)
+class PolicyConfig:
+    """``[policy]``: which requests a container may make (docs/security.md)."""
+
+    accept_env_unprivileged: bool = False
+    fail_refused_env: bool = True  # a refused env request naming devices fails the container
+    accept_volume_mounts: bool = True
+    cdi_annotation_prefixes: list[str] = key(["cdi.k8s.io/"])
+    # where CDI names of other vendors are looked up (nvshim.policy.cdinames)
+    cdi_spec_dirs: list[str] = key(["/etc/cdi", "/var/run/cdi"])
+    default_capabilities: str = "utility,compute"
+    cdi_vendor: str = key("nvidia.com", check=_cdi_vendor)
+    cdi_class: str = key("gpu", check=_cdi_class)
+
+
+@record(frozen=True)
+class SharingConfig:
+    """``[sharing]``: the device plugin's sharing config and the MPS daemons."""
+
+    config: str = "/etc/nvshim/sharing.yaml"
+    config_name: str = ""
+    config_default: str = ""
+    mig_strategy: str = key("", choices=("", "none", "single", "mixed"))
+    mps_root: str = "/run/nvshim/mps"
+    on_daemon_down: str = key("fail", choices=("fail", "warn"))
+
+
+@record(frozen=True)
+class PairingConfig:
+    """``[pairing]``: GPU-NIC pairing for GPUDirect RDMA (nvshim.policy.pairing)."""
+
+    enabled: bool = False
+    request_sources: list[str] = key(PAIRING_SOURCES, each=PAIRING_SOURCES)
+    nics: list[str] = key([], check=_nic_pattern)
+    worst_affinity: str = key("PXB", choices=PCIE_LEVELS, fold=True)
+    on_no_nic: str = key("fail", choices=("fail", "warn"))
+    exclusive: bool = False
+    netdev_handover: bool = False
+    netdev_name: str = key("", check=_netdev_name)
+    move_physical: list[str] = key([], check=_nic_pattern)
+
+
+@record(frozen=True)
 class Config:
-    """The effective configuration: defaults overlaid with the file's values."""
+    """The effective configuration: one record per table, defaults where the file is
+    silent; ``path`` the file (None: none, all defaults), ``warnings`` what it got."""
 
-    values: dict[str, dict[str, object]]
+    host: HostConfig = field(default_factory=HostConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sharing: SharingConfig = field(default_factory=SharingConfig)
+    pairing: PairingConfig = field(default_factory=PairingConfig)
     path: str | None = None
     warnings: list[str] = field(default_factory=list)
 
-    def get(self, section: str, key: str):
-        return self.values[section][key]
 
-    @property
-    def driver_root(self) -> str:
-        return self.get("host", "driver-root")
+# table name -> its record class, in file order
+SECTIONS = {f.name: f.default_factory for f in fields(Config) if f.name not in ("path", "warnings")}
 
-    @property
-    def dev_root(self) -> str:
-        return self.get("host", "dev-root")
+
+def toml_name(name: str) -> str:
+    """A field's key in the file: ``log_level`` -> ``log-level``."""
+    return name.replace("_", "-")
+
+
+def amended(config: Config, section: str, /, **changes) -> Config:
+    """``config`` with fields of one table changed (by code, after the checks: a caller
+    passes values of the field's type)."""
+    return replace(config, **{section: replace(getattr(config, section), **changes)})
 
 
 def config_path() -> str:
     return os.environ.get("NVSHIM_CONFIG") or DEFAULT_PATH
-
-
-def default_values() -> dict[str, dict[str, object]]:
-    """A fresh copy of ``DEFAULTS`` (lists copied too)."""
-    return {
-        section: {k: list(v) if isinstance(v, list) else v for k, v in table.items()}
-        for section, table in DEFAULTS.items()
-    }
 
 
 def load_config(path: str | None = None) -> Config:
@@ -123,32 +191,49 @@ def load_config(path: str | None = None) -> Config:
     except FileNotFoundError:
         if explicit:
             raise NvshimError(f"{path}: configuration file not found") from None
-        return Config(default_values(), None, [])
+        return assemble({}, None, [])
     except OSError as err:
         raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
     from nvshim import __version__, filecache
 
     cache = filecache.entry_path("config")
-    # what the result depends on: the file's exact text, the code and its defaults
+    # what the result depends on: the file's exact text, and the code that checked it (its
+    # keys, defaults and choices: this file, as it is now)
+    code = os.stat(__file__)
     key = {
         "path": path,
         "text": raw.decode("utf-8", "surrogateescape"),
         "version": __version__,
-        "defaults": DEFAULTS,
+        "code": [code.st_mtime_ns, code.st_size],
     }
     cached = filecache.load(cache, key)
     if isinstance(cached, dict):
-        return Config(cached["values"], path, cached["warnings"])
+        try:
+            return assemble(cached["tables"], path, list(cached["warnings"]))
+        except (KeyError, TypeError):
+            pass  # not what this code writes: parse again
     config = parse_config(raw, path)
-    filecache.store(cache, key, {"values": config.values, "warnings": config.warnings})
+    tables = {name: _table(getattr(config, name)) for name in SECTIONS}
+    filecache.store(cache, key, {"tables": tables, "warnings": config.warnings})
     return config
 
 
+def assemble(tables: dict, path: str | None, warnings: list[str]) -> Config:
+    """A Config from checked values (``{table: {field name: value}}``, as cached; a table
+    or field left out: defaults), built without compiling the records' ``__init__``."""
+    sections = {name: make(cls, tables.get(name, {})) for name, cls in SECTIONS.items()}
+    return make(Config, {**sections, "path": path, "warnings": warnings})
+
+
+def _table(section) -> dict[str, object]:
+    return {f.name: getattr(section, f.name) for f in fields(section)}
+
+
 def parse_config(raw: bytes, path: str) -> Config:
-    """The configuration from a TOML file's bytes (``path`` names it in messages)."""
+    """The configuration from a TOML file's bytes (``path`` names it in messages): every
+    value checked against its field (type, choices, checks); unknown keys warned about."""
     import tomllib
 
-    values = default_values()
     warnings: list[str] = []
     try:
         data = tomllib.loads(raw.decode("utf-8"))
@@ -156,40 +241,81 @@ def parse_config(raw: bytes, path: str) -> Config:
         raise NvshimError(f"{path}: invalid TOML: not UTF-8") from None
     except tomllib.TOMLDecodeError as err:
         raise NvshimError(f"{path}: invalid TOML: {err}") from None
+    tables = {}
     for section, table in data.items():
-        if section not in values:
-            hint = did_you_mean(section, values)
+        cls = SECTIONS.get(section)
+        if cls is None:
+            hint = did_you_mean(section, SECTIONS)
             warnings.append(f"{path}: unknown section [{section}] ignored{hint}")
             continue
         if not isinstance(table, dict):
             raise NvshimError(f"{path}: [{section}] must be a table")
-        for key, value in table.items():
-            if key not in values[section]:
-                hint = did_you_mean(key, values[section])
-                warnings.append(f"{path}: unknown key {section}.{key} ignored{hint}")
+        tables[section] = _read_table(cls, section, table, path, warnings)
+    return assemble(tables, path, warnings)
+
+
+def _read_table(cls, section: str, table: dict, path: str, warnings: list[str]) -> dict:
+    """The checked values of one table, by field name."""
+    by_key = {toml_name(f.name): f for f in fields(cls)}
+    old = {a: f for f in fields(cls) if f.metadata for a in f.metadata.aliases}
+    values: dict[str, object] = {}
+    for name, value in table.items():
+        spec = by_key.get(name) or old.get(name)
+        if spec is None:
+            hint = did_you_mean(name, by_key)
+            warnings.append(f"{path}: unknown key {section}.{name} ignored{hint}")
+            continue
+        new = f"{section}.{toml_name(spec.name)}"
+        if name not in by_key:
+            if toml_name(spec.name) in table:
+                warnings.append(f"{path}: {section}.{name} ignored: {new} is set (its new name)")
                 continue
-            choices = CHOICES.get((section, key))
-            if choices and value not in choices:
-                shown = ", ".join(repr(c) for c in choices)
-                raise NvshimError(f"{path}: {section}.{key} must be one of {shown}, got {value!r}")
-            want = type(DEFAULTS[section][key])
-            if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
-                raise NvshimError(
-                    f"{path}: {section}.{key} must be a {want.__name__}, got {value!r}"
-                )
-            if want is list and not all(isinstance(v, str) for v in value):
-                raise NvshimError(f"{path}: {section}.{key} must be a list of strings")
-            values[section][key] = value
-    return Config(values, path, warnings)
+            warnings.append(f"{path}: {section}.{name} is deprecated: name it {new}")
+        where = f"{path}: {new}"
+        values[spec.name] = _checked(value, cls.__annotations__[spec.name], spec.metadata, where)
+    return values
+
+
+def _checked(value, annotation: str, rules: Key | None, where: str):
+    """``value`` if it has the field's type and passes its rules (NvshimError naming
+    ``where`` otherwise), folded to upper case where the key says so."""
+    want = _TYPES[annotation]
+    if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
+        article = "an" if want is int else "a"
+        raise NvshimError(f"{where} must be {article} {want.__name__}, got {value!r}")
+    if want is list and not all(isinstance(v, str) for v in value):
+        raise NvshimError(f"{where} must be a list of strings")
+    if rules is None:
+        return value
+    if rules.fold:
+        value = value.strip().upper()
+    if rules.choices:
+        _one_of(value, rules.choices, where)
+    if rules.minimum is not None and value < rules.minimum:
+        raise NvshimError(f"{where} must be at least {rules.minimum}, got {value!r}")
+    for entry in value if want is list else [value]:
+        if rules.each:
+            _one_of(entry, rules.each, f"{where} entry")
+        problem = rules.check(entry) if rules.check else None
+        if problem:
+            raise NvshimError(f"{where}: {entry!r} {problem}")
+    return value
+
+
+def _one_of(value, choices, where: str) -> None:
+    if value not in choices:
+        shown = ", ".join(repr(c) for c in choices)
+        hint = did_you_mean(value, [c for c in choices if c])
+        raise NvshimError(f"{where} must be one of {shown}, got {value!r}{hint}")
 
 
 def render_config(config: Config) -> str:
     """The effective configuration as TOML text (for ``nvshim config show``)."""
     lines = [f"# effective configuration (file: {config.path or 'none, defaults'})"]
-    for section, table in config.values.items():
+    for section in SECTIONS:
         lines.append(f"\n[{section}]")
-        for key, value in table.items():
-            lines.append(f"{key} = {_toml_value(value)}")
+        for name, value in _table(getattr(config, section)).items():
+            lines.append(f"{toml_name(name)} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
 
 

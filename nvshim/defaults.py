@@ -9,6 +9,9 @@ and the hook pay for one file, as they did when this lived in ``nvshim.runtime``
 
 DEFAULT_RUNTIMES = ("runc", "crun")
 DEFAULT_CONFIG = "/etc/nvshim/config.toml"  # $NVSHIM_CONFIG names another
+# PCIe affinity levels (``nvidia-smi topo -m``), best first: nvshim.host.pcie ranks by
+# them, ``[pairing] worst-affinity`` names one
+PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
 # Tests' fault injection (tests/test_runtime_faults.py): read once, from the environment
 # nvshim-runtime or nvshim-runtimed started with (an engine's, the unit's), never from a

@@ -88,8 +88,8 @@ def run_generate(values: dict[str, object]) -> None:
 
     config = load_config_warn()
     options = dict(values)
-    driver_root = options.pop("driver_root") or config.driver_root
-    dev_root = options.pop("dev_root") or config.dev_root
+    driver_root = options.pop("driver_root") or config.host.driver_root
+    dev_root = options.pop("dev_root") or config.host.dev_root
     output = options.pop("output")
     generate(output, driver_root, dev_root, config, **options)
 

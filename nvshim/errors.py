@@ -23,8 +23,9 @@ def did_you_mean(name: object, known) -> str:
 
     if not isinstance(name, str):
         return ""
-    close = difflib.get_close_matches(name, [str(k) for k in known], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+    by_lower = {str(k).lower(): str(k) for k in known}  # "INFO" is close to "info"
+    close = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]}?)" if close else ""
 
 
 class UsageError(NvshimError):

@@ -1,4 +1,6 @@
-"""Small JSON caches under ``/run/nvshim`` for the per-container path.
+"""Small JSON caches for the per-container path: the config's in the cache directory
+(``NVSHIM_CACHE_DIR``), the host inventory in the inventory directory (``[runtime]
+inventory-dir``); both ``/run/nvshim`` by default (docs/configuration.md).
 
 A cache entry holds a key (what the value was computed from) and the value; a reader
 gets the value only when the key matches exactly. Entries are trusted only when owned by

@@ -111,19 +111,19 @@ class Settings:
 
     @classmethod
     def of(cls, target) -> Settings:
-        """Settings from a Config (``get(section, key)``), a path, or None (no log)."""
+        """Settings from a Config (its ``[runtime]`` table), a path, or None (no log)."""
         if target is None or isinstance(target, str):
             return cls(target)
         if isinstance(target, cls):
             return target
-        get = target.get
+        rt = target.runtime
         return cls(
-            get("runtime", "log-file"),
-            get("runtime", "log-format"),
-            get("runtime", "log-level"),
-            get("runtime", "log-max-size"),
-            get("runtime", "log-backups"),
-            get("runtime", "log-target") == "journald",
+            rt.log_file,
+            rt.log_format,
+            rt.log_level,
+            rt.log_max_size,
+            rt.log_backups,
+            rt.log_target == "journald",
         )
 
 

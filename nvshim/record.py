@@ -1,11 +1,13 @@
 """Plain record classes for the per-container path: the subset of ``dataclasses`` nvshim
-uses (fields with defaults or factories, ``frozen``, ``compare=False``, ``replace``,
-``asdict``, ``fields``), without its start-up cost.
+uses (fields with defaults or factories, ``frozen``, ``compare=False``, ``metadata``,
+``replace``, ``asdict``, ``fields``), without its start-up cost.
 
 ``nvshim-runtime`` and ``nvshim-hook`` start a fresh interpreter for every container;
 importing ``dataclasses`` pulls in ``inspect``, ``re`` and ``enum`` (about 9 ms, a third
 of the time budget a GPU container may add). Here ``__init__`` is generated once per
-class, as ``dataclasses`` does, so building a record costs the same.
+class, as ``dataclasses`` does, so building a record costs the same; it is compiled on
+the class's first call (about 0.15 ms each), so a record class a process never builds
+costs nothing, and ``make`` builds one without it (nvshim.config's few, once per process).
 
 Measured 2026-11-25 by ``bench/stand_ins.py`` (a 1-GPU ``create`` through
 nvshim-runtime in its own process, no nvshim-runtimed, against the same runtime built on
@@ -26,23 +28,26 @@ class FrozenInstanceError(AttributeError):
 
 
 class Field:
-    """One field of a record: its name, default or factory, and whether ``==`` uses it."""
+    """One field of a record: its name, default or factory, whether ``==`` uses it, and
+    what its user attached (``metadata``, e.g. how nvshim.config reads it)."""
 
-    __slots__ = ("name", "default", "default_factory", "compare")
+    __slots__ = ("name", "default", "default_factory", "compare", "metadata")
 
-    def __init__(self, default=MISSING, default_factory=MISSING, compare: bool = True):
+    def __init__(self, default=MISSING, default_factory=MISSING, compare=True, metadata=None):
         self.name = ""
         self.default = default
         self.default_factory = default_factory
         self.compare = compare
+        self.metadata = metadata
 
     def __repr__(self) -> str:
         return f"Field({self.name!r})"
 
 
-def field(*, default=MISSING, default_factory=MISSING, compare: bool = True):
-    """A field with a ``default_factory`` (mutable defaults) or excluded from ``==``."""
-    return Field(default, default_factory, compare)
+def field(*, default=MISSING, default_factory=MISSING, compare: bool = True, metadata=None):
+    """A field with a ``default_factory`` (mutable defaults), excluded from ``==``, or
+    carrying ``metadata``."""
+    return Field(default, default_factory, compare, metadata)
 
 
 def record(cls=None, *, frozen: bool = False):
@@ -71,24 +76,13 @@ def _build(cls, frozen: bool):
             if last.default is not MISSING or last.default_factory is not MISSING:
                 raise TypeError(f"{cls.__name__}: {name!r} without a default follows defaults")
         specs.append(spec)
-    namespace: dict = {"MISSING": MISSING}
-    params, body = [], []
-    assign = "object.__setattr__(self, {0!r}, {0})" if frozen else "self.{0} = {0}"
-    for spec in specs:
-        if spec.default_factory is not MISSING:
-            namespace[f"_factory_{spec.name}"] = spec.default_factory
-            params.append(f"{spec.name}=MISSING")
-            body.append(f"  if {spec.name} is MISSING: {spec.name} = _factory_{spec.name}()")
-        elif spec.default is not MISSING:
-            namespace[f"_default_{spec.name}"] = spec.default
-            params.append(f"{spec.name}=_default_{spec.name}")
-        else:
-            params.append(spec.name)
-        body.append("  " + assign.format(spec.name))
-    source = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["  pass"])
-    exec(source, namespace)  # noqa: S102 - generated from the class's own field names
-    cls.__init__ = namespace["__init__"]
-    cls.__init__.__qualname__ = f"{cls.__qualname__}.__init__"
+
+    def __init__(self, *args, **kwargs):
+        cls.__init__ = _compile_init(cls, specs, frozen)
+        cls.__init__(self, *args, **kwargs)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = __init__
     cls.__record_fields__ = tuple(specs)
     compared = tuple(s.name for s in specs if s.compare)
 
@@ -115,6 +109,29 @@ def _build(cls, frozen: bool):
     return cls
 
 
+def _compile_init(cls, specs: list[Field], frozen: bool):
+    """The class's ``__init__``, generated from its fields."""
+    namespace: dict = {"MISSING": MISSING}
+    params, body = [], []
+    assign = "object.__setattr__(self, {0!r}, {0})" if frozen else "self.{0} = {0}"
+    for spec in specs:
+        if spec.default_factory is not MISSING:
+            namespace[f"_factory_{spec.name}"] = spec.default_factory
+            params.append(f"{spec.name}=MISSING")
+            body.append(f"  if {spec.name} is MISSING: {spec.name} = _factory_{spec.name}()")
+        elif spec.default is not MISSING:
+            namespace[f"_default_{spec.name}"] = spec.default
+            params.append(f"{spec.name}=_default_{spec.name}")
+        else:
+            params.append(spec.name)
+        body.append("  " + assign.format(spec.name))
+    source = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["  pass"])
+    exec(source, namespace)  # noqa: S102 - generated from the class's own field names
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
+
+
 def _refuse_set(self, name, *value):
     raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
@@ -122,6 +139,27 @@ def _refuse_set(self, name, *value):
 def fields(obj_or_cls) -> tuple[Field, ...]:
     """The fields of a record class or instance, in order."""
     return obj_or_cls.__record_fields__
+
+
+def make(cls, values: dict):
+    """A record of ``cls`` from ``values`` by field name, defaults for the others, without
+    its ``__init__`` (nothing compiled): for the few records a process builds once."""
+    obj = object.__new__(cls)
+    state = obj.__dict__
+    for spec in cls.__record_fields__:
+        if spec.name in values:
+            continue
+        if spec.default_factory is not MISSING:
+            state[spec.name] = spec.default_factory()
+        elif spec.default is not MISSING:
+            state[spec.name] = spec.default
+        else:
+            raise TypeError(f"{cls.__name__}: missing field {spec.name!r}")
+    state.update(values)
+    if len(state) != len(cls.__record_fields__):
+        unknown = set(values) - {s.name for s in cls.__record_fields__}
+        raise TypeError(f"{cls.__name__} has no field {sorted(unknown)[0]!r}")
+    return obj
 
 
 def is_record(obj) -> bool:

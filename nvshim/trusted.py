@@ -5,7 +5,7 @@
 import posix
 import sys
 
-DEFAULT_CACHE_DIR = "/run/nvshim"  # where nvshim's caches live (tmpfs: gone at reboot)
+DEFAULT_CACHE_DIR = "/run/nvshim"  # the cache directory (tmpfs: gone at reboot)
 
 
 def cache_dir_for(environ) -> str:

@@ -99,7 +99,7 @@ def scratch(tmp_path):
     reap_started()
 
 
-def write_config(path, host, bin_dir: str, state_dir, log_file, **policy) -> str:
+def write_config(path, host, bin_dir: str, inventory_dir, log_file, **policy) -> str:
     """An nvshim config.toml for ``host`` (a SimHost); extra [policy] keys as kwargs."""
     lines = [
         "[host]",
@@ -108,7 +108,7 @@ def write_config(path, host, bin_dir: str, state_dir, log_file, **policy) -> str
         "[runtime]",
         f'log-file = "{log_file}"',
         f'hook-path = "{bin_dir}/nvshim-hook"',
-        f'state-dir = "{state_dir}"',
+        f'inventory-dir = "{inventory_dir}"',
         "[policy]",
     ]
     for key, value in policy.items():

@@ -256,7 +256,12 @@ def write_hook_config(
         lines.append(f'dev-root = "{dev_root}"')
     if driver_root:
         lines.append(f'driver-root = "{driver_root}"')
-    lines += ["[runtime]", f'log-file = "{log}"', f'state-dir = "{directory}/state"', "[policy]"]
+    lines += [
+        "[runtime]",
+        f'log-file = "{log}"',
+        f'inventory-dir = "{directory}/state"',
+        "[policy]",
+    ]
     for key, value in policy.items():
         lines.append(f"{key.replace('_', '-')} = {json.dumps(value)}")
     path = os.path.join(directory, "config.toml")

@@ -228,7 +228,7 @@ def generate_for_podman(sim, spec, launchers: str, tmp_path) -> None:
     so the hooks podman runs log and keep state under ``tmp_path``."""
     config = tmp_path / "nvshim.toml"
     config.write_text(
-        f'[runtime]\nlog-file = "{tmp_path}/nvshim.log"\nstate-dir = "{tmp_path}/state"\n'
+        f'[runtime]\nlog-file = "{tmp_path}/nvshim.log"\ninventory-dir = "{tmp_path}/state"\n'
     )
     generate(
         sim,

@@ -1,20 +1,27 @@
-"""nvshim's own configuration: defaults, overrides, warnings, one-line errors, `config show`."""
+"""nvshim's own configuration: one typed record per table, checked once at load (types,
+choices with did-you-mean, checks, the old name of a renamed key), the cached load, the
+effective configuration `config show` prints."""
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
-from nvshim.config import DEFAULTS, load_config
+from nvshim import config as config_module
+from nvshim.config import Config, PairingConfig, load_config, parse_config
 from nvshim.errors import NvshimError
-from tests.conftest import run_nvshim
+from nvshim.record import fields
+from tests.conftest import REPO, run_nvshim
 
 
 def test_missing_default_file_means_defaults(monkeypatch, tmp_path):
     monkeypatch.delenv("NVSHIM_CONFIG", raising=False)
     monkeypatch.setattr("nvshim.config.DEFAULT_PATH", str(tmp_path / "absent.toml"))
     config = load_config()
-    assert config.values == DEFAULTS and config.path is None
-    assert config.get("policy", "accept-env-unprivileged") is False  # safe default
+    assert config == Config() and config.path is None
+    assert config.policy.accept_env_unprivileged is False  # safe default
 
 
 def test_values_override_and_unknown_keys_warn(tmp_path):
@@ -25,9 +32,9 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
         '[runtime]\nlog-levle = "debug"\n[sharng]\n'
     )
     config = load_config(str(path))
-    assert config.driver_root == "/run/nvidia/driver"
-    assert config.get("policy", "accept-env-unprivileged") is True
-    assert config.get("runtime", "runtimes") == ["runc", "crun"]
+    assert config.host.driver_root == "/run/nvidia/driver"
+    assert config.policy.accept_env_unprivileged is True
+    assert config.runtime.runtimes == ["runc", "crun"]
     assert config.warnings == [
         f"{path}: unknown key host.bogus ignored",
         f"{path}: unknown section [extra] ignored",
@@ -53,6 +60,32 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
         ),
         ('[sharing]\nmig-strategy = "mixd"\n', "sharing.mig-strategy must be one of"),
         ('[runtime]\nlog-target = "syslog"\n', "runtime.log-target must be one of 'file'"),
+        # a misspelt choice gets the closest one
+        ('[runtime]\nlog-level = "warnng"\n', "got 'warnng' (did you mean warning?)"),
+        ("[runtime]\nlog-backups = -1\n", "runtime.log-backups must be at least 0, got -1"),
+        ("[runtime]\nlog-max-size = 1.5\n", "runtime.log-max-size must be an int, got 1.5"),
+        ("[runtime]\nlog-backups = true\n", "runtime.log-backups must be an int, got True"),
+        # [pairing]: checked here, not when a container first asks for a NIC
+        ('[pairing]\nworst-affinity = "PBX"\n', "got 'PBX' (did you mean PXB?)"),
+        (
+            '[pairing]\nrequest-sources = ["anotation"]\n',
+            "pairing.request-sources entry must be one of 'annotation', 'env', got 'anotation'"
+            " (did you mean annotation?)",
+        ),
+        (
+            '[pairing]\nnics = ["mlx5_0", "mlx5_1 mlx5_2"]\n',
+            "pairing.nics: 'mlx5_1 mlx5_2' is not a PCI address or an HCA/netdev name pattern",
+        ),
+        ('[pairing]\nmove-physical = [""]\n', "pairing.move-physical: '' is not a PCI"),
+        (
+            '[policy]\ncdi-vendor = "nvidia com"\n',
+            "policy.cdi-vendor: 'nvidia com' is not a CDI vendor name: character \" \" is not",
+        ),
+        ('[policy]\ncdi-class = "1gpu"\n', "policy.cdi-class: '1gpu' is not a CDI class name"),
+        (
+            '[pairing]\nnetdev-name = "a-very-long-name%d"\n',
+            "pairing.netdev-name: 'a-very-long-name%d' is not a usable name pattern",
+        ),
     ],
 )
 def test_bad_config_one_line(tmp_path, text, needle):
@@ -79,5 +112,101 @@ def test_config_show_round_trips(tmp_path):
     shown = tmp_path / "shown.toml"
     shown.write_text(proc.stdout)
     again = load_config(str(shown))
-    assert again.values == load_config(str(path)).values
-    assert again.get("runtime", "runtimes") == ["/opt/runc"]
+    first = load_config(str(path))
+    for section in config_module.SECTIONS:
+        assert getattr(again, section) == getattr(first, section)
+    assert again.runtime.runtimes == ["/opt/runc"] and again.sharing.on_daemon_down == "warn"
+    keys = [line.split(" = ")[0] for line in proc.stdout.splitlines() if " = " in line]
+    assert "inventory-dir" in keys and "state-dir" not in keys and "log-level" in keys
+    assert (
+        len(keys) == len(set(keys)) == sum(len(fields(c)) for c in config_module.SECTIONS.values())
+    )
+
+
+def test_records_have_python_names_and_declared_types():
+    config = Config()
+    assert config.runtime.log_level == "info" and config.runtime.log_max_size == 10 << 20
+    assert config.runtime.inventory_dir == "/run/nvshim"
+    assert config.pairing.request_sources == ["annotation", "env"]
+    assert config.pairing.nics is not PairingConfig().nics  # a list per record
+    with pytest.raises(AttributeError):
+        config.runtime.log_level = "debug"  # checked once: records are not changed after
+    assert not hasattr(config, "get") and not hasattr(config, "values")
+    # every default passes its own key's checks (what a file may set, a default is)
+    text = config_module.render_config(config).encode()
+    assert parse_config(text, "shown.toml") == Config(path="shown.toml")
+
+
+def test_choices_are_case_folded_where_declared(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('[pairing]\nworst-affinity = " node "\n')
+    assert load_config(str(path)).pairing.worst_affinity == "NODE"
+    path.write_text('[runtime]\nlog-level = "INFO"\n')
+    with pytest.raises(NvshimError, match="did you mean info"):
+        load_config(str(path))
+
+
+def test_renamed_key_still_read_with_a_warning(tmp_path):
+    """``runtime.state-dir`` is now ``runtime.inventory-dir``: old files keep working."""
+    path = tmp_path / "config.toml"
+    path.write_text('[runtime]\nstate-dir = "/srv/inv"\n')
+    config = load_config(str(path))
+    assert config.runtime.inventory_dir == "/srv/inv"
+    assert config.warnings == [
+        f"{path}: runtime.state-dir is deprecated: name it runtime.inventory-dir"
+    ]
+    proc = run_nvshim("config", "show", env={"NVSHIM_CONFIG": str(path)})
+    assert proc.returncode == 0, proc.stderr
+    assert 'inventory-dir = "/srv/inv"' in proc.stdout and "state-dir" not in proc.stdout
+    assert "runtime.state-dir is deprecated: name it runtime.inventory-dir" in proc.stderr
+    # both names: the new one wins, the old is named as ignored
+    path.write_text('[runtime]\nstate-dir = "/srv/old"\ninventory-dir = "/srv/new"\n')
+    config = load_config(str(path))
+    assert config.runtime.inventory_dir == "/srv/new"
+    assert config.warnings == [
+        f"{path}: runtime.state-dir ignored: runtime.inventory-dir is set (its new name)"
+    ]
+    path.write_text("[runtime]\nstate-dir = 3\n")
+    with pytest.raises(NvshimError, match="runtime.inventory-dir must be a str, got 3"):
+        load_config(str(path))
+
+
+def test_the_cached_load_rebuilds_the_same_records(tmp_path, monkeypatch):
+    """The second load of the same text comes from the JSON cache (no TOML parsed), as
+    the same typed records with the same warnings; an entry this code did not write is
+    parsed again."""
+    from nvshim import fastjson, filecache
+
+    entry = tmp_path / "config-cache.json"
+    monkeypatch.setattr(filecache, "entry_path", lambda kind, directory=None: str(entry))
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[runtime]\nstate-dir = "/srv/inv"\nlog-max-size = 0\n'
+        '[pairing]\nworst-affinity = "pix"\nnics = ["ibp*"]\n[policy]\nbogus = 1\n'
+    )
+    first = load_config(str(path))
+    assert entry.exists()
+
+    def no_parse(raw, where):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(config_module, "parse_config", no_parse)
+    again = load_config(str(path))
+    assert again == first and again.warnings == first.warnings and len(again.warnings) == 2
+    assert again.pairing.worst_affinity == "PIX" and again.pairing.nics == ["ibp*"]
+    assert again.runtime.log_max_size == 0 and type(again.runtime) is type(first.runtime)
+    # an entry of another layout (the dict-of-tables one before the records) is not used
+    data = fastjson.loads(entry.read_bytes())
+    data["value"] = {"values": {"host": {}}, "warnings": []}
+    entry.write_bytes(fastjson.dumps(data).encode())
+    monkeypatch.setattr(config_module, "parse_config", parse_config)
+    assert load_config(str(path)) == first
+
+
+def test_the_documented_keys_are_every_key_with_its_default():
+    """docs/configuration.md's TOML block lists every key, in order, at its default."""
+    with open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8") as fh:
+        block = fh.read().split("```toml\n", 1)[1].split("```", 1)[0]
+    names = re.compile(r"^(\[\w+\]|[a-z-]+)(?= |$)", re.M)  # tables and keys
+    assert names.findall(block) == names.findall(config_module.render_config(Config()))
+    assert parse_config(block.encode(), "doc") == Config(path="doc")  # no warning either

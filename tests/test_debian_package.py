@@ -135,12 +135,12 @@ def test_package_contents_name_final_paths(package, tmp_path):
     assert (tree / "lib" / "udev" / "rules.d" / "60-nvshim-cdi-refresh.rules").is_file()
     assert not list(tree.rglob("__pycache__"))
     # the default config is every default, commented out, and parses to the defaults
-    from nvshim.config import DEFAULTS, parse_config
+    from nvshim.config import Config, parse_config
 
     text = (tree / "etc" / "nvshim" / "config.toml").read_text()
     assert parse_config(text.encode(), "config.toml").warnings == []
     uncommented = re.sub(r"^# ([a-z-]+ = )", r"\1", text, flags=re.M).encode()
-    assert parse_config(uncommented, "config.toml").values == DEFAULTS
+    assert parse_config(uncommented, "config.toml") == Config(path="config.toml")
 
 
 INVOKED = "/ctr/deb-systemd-invoke.log"

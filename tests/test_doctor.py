@@ -154,7 +154,7 @@ def _write_config(node_dir: Path, sim: SimHost, sharing: str) -> Path:
     config = node_dir / "config.toml"
     config.write_text(
         f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
-        f'[runtime]\nlog-file = "{node_dir}/nvshim.log"\nstate-dir = "{node_dir}/state"\n'
+        f'[runtime]\nlog-file = "{node_dir}/nvshim.log"\ninventory-dir = "{node_dir}/state"\n'
         f'hook-path = "{node_dir}/bin/nvshim-hook"\n'
         f'[sharing]\nconfig = "{node_dir}/sharing.yaml"\nmps-root = "{node_dir}/mps"\n'
     )

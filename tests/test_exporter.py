@@ -62,7 +62,7 @@ def node(tmp_path, launchers):
     config = tmp_path / "config.toml"
     config.write_text(
         f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
-        f'[runtime]\nlog-file = "{tmp_path}/nvshim.log"\nstate-dir = "{tmp_path}/state"\n'
+        f'[runtime]\nlog-file = "{tmp_path}/nvshim.log"\ninventory-dir = "{tmp_path}/state"\n'
         f'hook-path = "{launchers}/nvshim-hook"\n'
         f"[policy]\naccept-env-unprivileged = true\n"
         f'[sharing]\nconfig = "{tmp_path}/sharing.yaml"\nmps-root = "{tmp_path}/mps"\n'
@@ -177,14 +177,11 @@ def test_port_in_use_is_one_error_line(tmp_path):
 
 def test_log_counts_survive_rotation_between_polls(tmp_path):
     from nvshim import log
-    from nvshim.config import Config, default_values
+    from nvshim.config import Config, RuntimeConfig
     from nvshim.exporter.logtail import LogStats
 
-    values = default_values()
-    values["runtime"].update(
-        {"log-file": str(tmp_path / "nvshim.log"), "log-max-size": 1024, "log-backups": 1}
-    )
-    config = Config(values)
+    log_file = str(tmp_path / "nvshim.log")
+    config = Config(runtime=RuntimeConfig(log_file=log_file, log_max_size=1024, log_backups=1))
     stats = LogStats(str(tmp_path / "nvshim.log"))
     written = 0
     for batch in (3, 5, 4, 6, 5, 7):  # each batch < one file's worth: nothing is lost between polls

@@ -60,7 +60,7 @@ def _config(tmp_path, gpu_host, **policy) -> tuple[str, str]:
     )
     with open(config, encoding="utf-8") as fh:
         text = fh.read()
-    text = text.replace(f'state-dir = "{tmp_path}/state"', f'state-dir = "{state}"')
+    text = text.replace(f'inventory-dir = "{tmp_path}/state"', f'inventory-dir = "{state}"')
     with open(config, "w", encoding="utf-8") as fh:
         fh.write(text)
     return config, log

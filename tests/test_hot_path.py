@@ -119,13 +119,13 @@ def test_config_cache_follows_the_file_text(tmp_path, monkeypatch):
     )
     path = tmp_path / "config.toml"
     path.write_text('[host]\ndriver-root = "/aaa"\n')
-    assert load_config(str(path)).driver_root == "/aaa"
+    assert load_config(str(path)).host.driver_root == "/aaa"
     assert (tmp_path / "config.json").exists()
     st = os.stat(path)
     path.write_text('[host]\ndriver-root = "/bbb"\n')
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert load_config(str(path)).driver_root == "/bbb"
-    assert load_config(str(path)).driver_root == "/bbb"  # from the cache now
+    assert load_config(str(path)).host.driver_root == "/bbb"
+    assert load_config(str(path)).host.driver_root == "/bbb"  # from the cache now
 
 
 def test_untrusted_cache_entries_are_ignored(tmp_path, monkeypatch):

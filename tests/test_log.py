@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from nvshim import log
-from nvshim.config import Config, default_values
+from nvshim.config import Config, RuntimeConfig
 from tests.conftest import write_config
 from tests.cri_util import configure_containerd, cri_ready_config, cri_session, image_archive
 from tests.engines.containerd_instance import private_containerd
@@ -27,11 +27,8 @@ HOSTILE = 'a "quoted"\nvalue\\with=signs\r\x1b[2J\tend'
 
 
 def config_for(path, **runtime) -> Config:
-    """An nvshim Config whose [runtime] log keys are ``runtime`` (underscores: dashes)."""
-    values = default_values()
-    values["runtime"]["log-file"] = str(path)
-    values["runtime"].update({k.replace("_", "-"): v for k, v in runtime.items()})
-    return Config(values)
+    """An nvshim Config whose [runtime] log fields are ``runtime``."""
+    return Config(runtime=RuntimeConfig(log_file=str(path), **runtime))
 
 
 def pod(n: int) -> dict[str, str]:
@@ -161,11 +158,10 @@ def test_rotation_keeps_the_file_under_its_bound(tmp_path):
 _WRITER = """
 import sys
 from nvshim import log
-from nvshim.config import Config, default_values
-values = default_values()
-values["runtime"].update({"log-file": sys.argv[1], "log-max-size": 8192, "log-backups": 3})
+from nvshim.config import Config, RuntimeConfig
+config = Config(runtime=RuntimeConfig(log_file=sys.argv[1], log_max_size=8192, log_backups=3))
 for n in range(150):
-    log.log_decision(Config(values), "nvshim-runtime", f"{sys.argv[2]}-{n}",
+    log.log_decision(config, "nvshim-runtime", f"{sys.argv[2]}-{n}",
                      annotations={"io.kubernetes.cri.sandbox-name": f"pod-{n}"}, devices="GPU-1")
 """
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from nvshim.cdi.validate import validate_spec
-from nvshim.config import load_config
+from nvshim.config import amended, load_config
 from nvshim.errors import UsageError
 from nvshim.hookentries import hook_env
 from nvshim.host.discover import discover_host
@@ -90,11 +90,8 @@ def test_daemon_check_hook_and_time_slicing(cdi_host, tmp_path):
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
         "    - {name: nvidia.com/gpu, replicas: 2}\n"
     )
-    config.values["sharing"]["config"] = str(sharing)
-    try:
-        spec = shared_spec(host, config, ("compute",), "/bin/true", cls="gpu-ts")
-    finally:
-        config.values["sharing"]["config"] = str(root / "sharing.yaml")
+    config = amended(config, "sharing", config=str(sharing))
+    spec = shared_spec(host, config, ("compute",), "/bin/true", cls="gpu-ts")
     assert spec["cdiVersion"] == "0.5.0"  # device names start with a digit
     # none shares every GPU whole, but a GPU in MIG mode (6, 7) cannot be given whole
     assert list(_devices(spec)) == [str(i) for i in range(6)]
@@ -103,13 +100,9 @@ def test_daemon_check_hook_and_time_slicing(cdi_host, tmp_path):
 
 def test_nothing_shared_is_a_usage_error(cdi_host, tmp_path):
     _, host, config = cdi_host
-    saved = config.values["sharing"]["config"]
-    config.values["sharing"]["config"] = str(tmp_path / "absent.yaml")
-    try:
-        with pytest.raises(UsageError, match="absent.yaml: no shared devices"):
-            shared_spec(host, config, ("compute",), "/bin/true")
-    finally:
-        config.values["sharing"]["config"] = saved
+    config = amended(config, "sharing", config=str(tmp_path / "absent.yaml"))
+    with pytest.raises(UsageError, match="absent.yaml: no shared devices"):
+        shared_spec(host, config, ("compute",), "/bin/true")
 
 
 def test_podman_applies_the_shared_spec(cdi_host, tmp_path):

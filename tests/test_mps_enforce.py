@@ -84,7 +84,7 @@ def _write_config(
         fh.write(
             f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
             f'[runtime]\nruntimes = ["runc"]\nlog-file = "{log}"\nhook-path = "/bin/true"\n'
-            f'state-dir = "{state}"\n'
+            f'inventory-dir = "{state}"\n'
             "[policy]\naccept-env-unprivileged = true\n"
             f'[sharing]\nconfig = "{sharing}"\nmps-root = "{mps_root}"\n'
             f'on-daemon-down = "{on_down}"\n'
@@ -279,7 +279,7 @@ def test_time_slicing_replica_resolves_to_its_gpu_and_nothing_else(shared_host, 
 def _select(shared_host, env: dict[str, str], config: str = "mps"):
     spec = {"process": {"env": [f"{k}={v}" for k, v in env.items()]}}
     cfg = load_config(shared_host.config(config))
-    request = request_from_spec(spec, cfg.values["policy"])
+    request = request_from_spec(spec, cfg.policy)
     return select(request, shared_host.host, cfg)
 
 

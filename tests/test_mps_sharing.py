@@ -424,5 +424,5 @@ def test_mig_strategy_key_wins_over_the_file_as_the_plugin_flag_does(tmp_path, s
     assert proc.returncode == 1
     assert proc.stderr == (
         f"nvshim: error: {tmp_path / 'config.toml'}: sharing.mig-strategy must be one of "
-        "'', 'none', 'single', 'mixed', got 'mixd'\n"
+        "'', 'none', 'single', 'mixed', got 'mixd' (did you mean mixed?)\n"
     )

@@ -48,7 +48,7 @@ def test_image_end_to_end(tmp_path, sim_hosts, monkeypatch):
     node_config.mkdir()
     nv_log = tmp_path / "nvshim.log"
     (node_config / "config.toml").write_text(
-        f'[runtime]\nlog-file = "{nv_log}"\nstate-dir = "{tmp_path / "state"}"\n'
+        f'[runtime]\nlog-file = "{nv_log}"\ninventory-dir = "{tmp_path / "state"}"\n'
         '[policy]\ndefault-capabilities = "utility,compute"\n'
     )
     ready_dir = tmp_path / "ready"

@@ -14,7 +14,8 @@ import pytest
 from nvshim.config import load_config
 from nvshim.host.discover import discover_host
 from nvshim.host.topology import discover_topology
-from nvshim.policy.pairing import PairingError, nic_edits, pair, settings
+from nvshim.policy.pairing import PairingError, nic_edits, pair
+from nvshim.record import replace
 from tests.conftest import run_nvshim
 from tests.netns_util import add_veths, in_private_net_ns, links
 from tests.podman_util import make_busybox_rootfs
@@ -35,7 +36,7 @@ def write_pairing_config(tmp_path, host, launchers, **pairing) -> str:
         "[runtime]",
         f'log-file = "{tmp_path}/nvshim.log"',
         f'hook-path = "{launchers}/nvshim-hook"',
-        f'state-dir = "{tmp_path}/state"',
+        f'inventory-dir = "{tmp_path}/state"',
         "[policy]",
         "accept-env-unprivileged = true",
         "[pairing]",
@@ -262,7 +263,7 @@ def _policy(sim_hosts, tmp_path, name="hgx-h100x8-rdma", **pairing):
         "[pairing]\n"
         + "".join(f"{k.replace('_', '-')} = {json.dumps(v)}\n" for k, v in pairing.items())
     )
-    cfg = settings(load_config(str(path)))
+    cfg = load_config(str(path)).pairing
     h = discover_host(host.driver_root, host.dev_root)
     return discover_topology(h), cfg
 
@@ -290,7 +291,7 @@ def test_stricter_affinity_and_warn_mode(sim_hosts, tmp_path):
         "GPU 6 (0000:a6:00.0): no RDMA NIC at PIX or better (best: mlx5_3 at PXB; "
         "pairing.worst-affinity, pairing.on-no-nic)"
     ]
-    cfg["on-no-nic"] = "fail"
+    cfg = replace(cfg, on_no_nic="fail")
     with pytest.raises(PairingError, match="GPU 6"):
         pair(topo, [topo.gpu(6)], cfg, [])
 
@@ -299,7 +300,7 @@ def test_ties_go_to_the_lowest_pci_address(sim_hosts, tmp_path):
     topo, cfg = _policy(sim_hosts, tmp_path, "rdma-cross-socket", worst_affinity="SYS")
     for gpu in topo.gpus:  # every NIC is SYS from every GPU
         assert [n.name for n in pair(topo, [gpu], cfg, [])[0]] == ["mlx5_0"]
-    cfg["nics"] = ["0000:b1:00.2", "ens177np0"]
+    cfg = replace(cfg, nics=["0000:b1:00.2", "ens177np0"])
     assert [n.name for n in pair(topo, [topo.gpu(0)], cfg, [])[0]] == ["mlx5_1"]
 
 
@@ -309,7 +310,7 @@ def test_physical_functions_move_only_when_named(sim_hosts, tmp_path):
     edits, kept = nic_edits([pf, vf], topo, cfg, "/usr/bin/nvshim-hook")
     assert kept == ["ens177np0"]
     assert edits.hooks[0].args == ("nvshim-hook", "rdma-pair", "--netdev", "ens177v0")
-    cfg["move-physical"] = ["0000:b1:00.0"]
+    cfg = replace(cfg, move_physical=["0000:b1:00.0"])
     edits, kept = nic_edits([pf, vf], topo, cfg, "/usr/bin/nvshim-hook")
     assert kept == [] and edits.hooks[0].args[2:] == (
         "--netdev",
@@ -387,10 +388,10 @@ def test_prestart_hook_pairs_and_hands_over_too(tmp_path, launchers, hgx):
 
 
 def test_doctor_checks(sim_hosts, tmp_path):
-    from nvshim.config import Config, default_values
+    from nvshim.config import Config
     from nvshim.pairing.checks import check_gpu_nics, check_peermem
 
-    config = Config(default_values())
+    config = Config()
     for name, want in (("hgx-h100x8-rdma", "ok"), ("rdma-cross-socket", "warn")):
         sim = sim_hosts(name)
         status, reason, fix = check_gpu_nics(discover_host(sim.driver_root, sim.dev_root), config)

@@ -145,7 +145,7 @@ def _hook_config(tmp_path, host, **pairing) -> str:
         f'dev-root = "{host.dev_root}"',
         "[runtime]",
         f'log-file = "{tmp_path}/nvshim.log"',
-        f'state-dir = "{tmp_path}/state"',
+        f'inventory-dir = "{tmp_path}/state"',
         "[pairing]",
         *(f"{k.replace('_', '-')} = {json.dumps(v)}" for k, v in pairing.items()),
     ]

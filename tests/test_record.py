@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from nvshim.record import FrozenInstanceError, asdict, field, fields, record, replace
+from nvshim.record import FrozenInstanceError, asdict, field, fields, make, record, replace
 
 
 @record(frozen=True)
@@ -76,3 +76,34 @@ def test_a_required_field_after_a_default_is_refused():
         class Bad:
             a: int = 1
             b: int
+
+
+def test_make_builds_the_same_record_without_init():
+    """``make`` (nvshim.config's few records, no ``__init__`` compiled): defaults and
+    factories for the fields left out, the same equality and freezing; unknown or missing
+    fields refused as ``__init__`` would."""
+
+    @record(frozen=True)
+    class Pair:
+        a: int
+        items: list[int] = field(default_factory=list, metadata="rules")
+
+    made = make(Pair, {"a": 1})
+    assert made == Pair(1) and made.items == [] and made.items is not make(Pair, {"a": 1}).items
+    assert fields(Pair)[1].metadata == "rules" and fields(Pair)[0].metadata is None
+    with pytest.raises(FrozenInstanceError):
+        made.a = 2
+    with pytest.raises(TypeError, match="no field 'b'"):
+        make(Pair, {"a": 1, "b": 2})
+    with pytest.raises(TypeError, match="missing field 'a'"):
+        make(Pair, {})
+
+
+def test_init_is_compiled_on_first_use():
+    @record
+    class Late:
+        a: int = 1
+
+    first = Late.__init__
+    assert Late(a=2).a == 2 and Late.__init__ is not first  # replaced by the compiled one
+    assert Late().a == 1 and Late.__init__.__qualname__.endswith("Late.__init__")

@@ -234,7 +234,7 @@ def pivoted(tmp_path):
         proc.wait()
 
 
-@pytest.mark.parametrize("detached_tmpfs", [True, False], ids=["tmpfs", "state-dir"])
+@pytest.mark.parametrize("detached_tmpfs", [True, False], ids=["tmpfs", "inventory-dir"])
 def test_params_copy_reaches_a_pivoted_container(pivoted, tmp_path, monkeypatch, detached_tmpfs):
     """Both of the private copy's sources are made on the host before entering: after
     pivot_root neither the host's params file nor the state dir is in reach."""
@@ -249,7 +249,9 @@ def test_params_copy_reaches_a_pivoted_container(pivoted, tmp_path, monkeypatch,
     (dev_root / os.path.dirname(PARAMS)).mkdir(parents=True)
     (dev_root / PARAMS).write_text("ModifyDeviceFiles: 1\n")
     config = tmp_path / "params.toml"
-    config.write_text(f'[host]\ndev-root = "{dev_root}"\n[runtime]\nstate-dir = "{tmp_path}/st"\n')
+    config.write_text(
+        f'[host]\ndev-root = "{dev_root}"\n[runtime]\ninventory-dir = "{tmp_path}/st"\n'
+    )
     ctx = Context(load_config(str(config)))
     try:
         step = parse_step(["disable-device-node-modification"])

@@ -48,8 +48,8 @@ class SpecRequest:
         from nvshim.host.model import CAPABILITIES
         from nvshim.policy.capabilities import parse_capabilities
 
-        vendor = vendor or config.get("policy", "cdi-vendor")
-        cls = cls or ("gpu.shared" if sharing else config.get("policy", "cdi-class"))
+        vendor = vendor or config.policy.cdi_vendor
+        cls = cls or ("gpu.shared" if sharing else config.policy.cdi_class)
         try:
             validate_vendor(vendor)
             validate_class(cls)
@@ -58,7 +58,7 @@ class SpecRequest:
         cap_warnings: list[str] = []
         caps = parse_capabilities(
             capabilities,
-            config.get("policy", "default-capabilities"),
+            config.policy.default_capabilities,
             cap_warnings,
             source="--capabilities",
         )
@@ -73,7 +73,7 @@ class SpecRequest:
             vendor=vendor,
             cls=cls,
             capabilities=list(caps),
-            hook_path=hook_path or config.get("runtime", "hook-path"),
+            hook_path=hook_path or config.runtime.hook_path,
             strategies=list(strategies or DEFAULT_NAME_STRATEGIES),
             all_device=not no_all_device,
             mode=mode,

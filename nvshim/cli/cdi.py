@@ -121,7 +121,7 @@ def refresh(output, force, driver_root, dev_root, config, **options) -> None:
         spec = request.build(host, config)
         return dump_spec(spec, request.fmt), [d["name"] for d in spec["devices"]]
 
-    inputs = (config.get("sharing", "config"),) if request.sharing else ()
+    inputs = (config.sharing.config,) if request.sharing else ()
     options = {**asdict(request), "config": os.environ.get("NVSHIM_CONFIG")}
     _, line = refresh_spec(
         output, driver_root, dev_root, options, render, discover, inputs=inputs, force=force

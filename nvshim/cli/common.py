@@ -89,8 +89,8 @@ def root_options(func):
     def wrapper(*args, driver_root=None, dev_root=None, **kwargs):
         config = load_config_warn()
         kwargs["config"] = config
-        kwargs["driver_root"] = driver_root or config.driver_root
-        kwargs["dev_root"] = dev_root or config.dev_root
+        kwargs["driver_root"] = driver_root or config.host.driver_root
+        kwargs["dev_root"] = dev_root or config.host.dev_root
         return func(*args, **kwargs)
 
     return wrapper

@@ -49,7 +49,7 @@ def exporter(listen, log_file, doctor_interval, make_context) -> None:
     host, port = parse_listen(listen)
     config = make_context().config
     log_path = log_file or (
-        config.get("runtime", "log-file") if config.get("runtime", "log-target") == "file" else None
+        config.runtime.log_file if config.runtime.log_target == "file" else None
     )
     registry = CollectorRegistry()
     registry.register(NodeCollector(make_context, log_path, doctor_interval))

@@ -46,7 +46,7 @@ def start(ids, as_json, driver_root, dev_root, config) -> None:
 
     outcome = start_all(config, discover(driver_root, dev_root, quiet=as_json), ids)
     if not outcome.daemons and not outcome.errors:
-        click.echo(f"nvshim: no MPS-shared device in {config.get('sharing', 'config')}", err=True)
+        click.echo(f"nvshim: no MPS-shared device in {config.sharing.config}", err=True)
     _show(outcome, as_json)
     outcome.raise_for_errors("start")
 

@@ -132,7 +132,7 @@ def spec_files(ctx: Context) -> list[str]:
 def cdi_spec(ctx: Context):
     from nvshim.cdi.validate import load_spec_file, validate_spec
 
-    kind = f"{ctx.config.get('policy', 'cdi-vendor')}/{ctx.config.get('policy', 'cdi-class')}"
+    kind = f"{ctx.config.policy.cdi_vendor}/{ctx.config.policy.cdi_class}"
     regen = f"nvshim cdi generate -o {ctx.cdi_dirs[-1]}/nvidia.yaml"
     mine: list[tuple[str, dict]] = []
     for path in spec_files(ctx):
@@ -156,7 +156,7 @@ def cdi_spec(ctx: Context):
             regen,
         )
     host = ctx.host()
-    hook_path = ctx.config.get("runtime", "hook-path")
+    hook_path = ctx.config.runtime.hook_path
     for path, spec in mine:
         diffs = spec_differences(spec, host, ctx.snapshot(), hook_path)
         if diffs:

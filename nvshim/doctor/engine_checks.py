@@ -134,7 +134,7 @@ def oci_hook(ctx: Context):
     fix = "nvshim install --hooks-dir DIR writes it afresh"
     if problems:
         return fail("oci-hook", "; ".join(problems[:2]), fix)
-    wanted = ctx.config.get("runtime", "hook-path")
+    wanted = ctx.config.runtime.hook_path
     other = [p for p, d in files if d["hook"]["path"] != wanted]
     if other:
         return warn(

@@ -14,7 +14,7 @@ from nvshim.errors import NvshimError
 def sharing_config(ctx: Context):
     from nvshim.mps.sharing import sharing_for
 
-    path = ctx.config.get("sharing", "config")
+    path = ctx.config.sharing.config
     if not os.path.exists(path):
         raise Skip(f"no sharing config at {path}: GPUs are not shared")
     try:
@@ -40,7 +40,7 @@ def mps_daemons(ctx: Context):
         raise Skip("needs a valid sharing config (see check sharing-config)") from None
     if not shared:
         raise Skip("no MPS-shared device")
-    root = ctx.config.get("sharing", "mps-root")
+    root = ctx.config.sharing.mps_root
     bad = []
     for uuid, share in shared.items():
         status = daemon_status(ctx.host(), share, uuid, root)

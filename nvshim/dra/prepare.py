@@ -284,7 +284,7 @@ class Driver:
         args = ["--cuda", self.host.cuda_version, "--driver", self.host.driver_version]
         for cc, brand in requirement_facts(self.host, devices):
             args += ["--device", f"{cc}:{brand}"]
-        hook_path = self.config.get("runtime", "hook-path")
+        hook_path = self.config.runtime.hook_path
         return hook_entry(hook_path, "createRuntime", "require-check", *args)
 
     def _start_mps(self, limits: dict[str, Any]):
@@ -354,8 +354,8 @@ class Driver:
         from nvshim.host.edits import all_devices, common_edits, device_edits
         from nvshim.policy.capabilities import parse_capabilities
 
-        caps = parse_capabilities(None, self.config.get("policy", "default-capabilities"), [])
-        hook_path = self.config.get("runtime", "hook-path")
+        caps = parse_capabilities(None, self.config.policy.default_capabilities, [])
+        hook_path = self.config.runtime.hook_path
         view = self.host_view()
         in_view = {d.uuid: d for d in all_devices(view)}  # the same devices, the node's paths
         devices = []

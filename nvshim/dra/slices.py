@@ -119,11 +119,12 @@ def topology_places(host: Host, config, warnings: list[str]) -> dict[str, dict[s
     and pairing policy; empty (with a warning) when the topology cannot be read."""
     from nvshim.errors import NvshimError
     from nvshim.host.topology import discover_topology
-    from nvshim.policy.pairing import pair, settings
+    from nvshim.policy.pairing import pair
+    from nvshim.record import replace
 
+    cfg = replace(config.pairing, on_no_nic="warn")
     try:
         topo = discover_topology(host)
-        cfg = {**settings(config), "on-no-nic": "warn"}
     except NvshimError as err:
         warnings.append(f"topology: {err}")
         return {}

@@ -68,7 +68,7 @@ class NodeCollector:
             shared = mps_devices(ctx.config, host)
         except Exception:  # noqa: BLE001 - no host or no valid config: no daemons to report
             shared = {}
-        root = ctx.config.get("sharing", "mps-root")
+        root = ctx.config.sharing.mps_root
         for uuid, share in shared.items():
             try:
                 healthy = daemon_status(host, share, uuid, root).healthy

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from nvshim.config import load_config
+from nvshim.config import amended, load_config
 from nvshim.errors import NvshimError, error_line, one_line
 from nvshim.hook.args import HelpRequested, HookArgs, parse_args, parse_finish
 from nvshim.hook.steps import Context, finishing_steps, run_steps
@@ -137,8 +137,8 @@ def _run(args: HookArgs, state, ctx: Context) -> dict | None:
     if args.command == "mps-check":
         from nvshim.mps.enforce import check_daemon
 
-        sharing = ctx.config.values["sharing"]
-        warning = check_daemon(sharing["mps-root"], args.uuid, sharing["on-daemon-down"])
+        sharing = ctx.config.sharing
+        warning = check_daemon(sharing.mps_root, args.uuid, sharing.on_daemon_down)
         return {"device": args.uuid, "mps_warning": warning}
     if args.command == "require-check":
         return require_check(state, args)
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{TOOL}: error: {err}", file=sys.stderr)
         return 1
     if args.log_format:
-        config.values["runtime"]["log-format"] = args.log_format
+        config = amended(config, "runtime", log_format=args.log_format)
     env_names = ",".join(sorted(os.environ)) or "-"
     container_id = "-"
     pod = None

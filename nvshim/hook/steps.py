@@ -75,11 +75,11 @@ def _host_params(args: HookArgs, ctx: Context) -> None:
     from nvshim.hook.params import host_params
     from nvshim.rootfs.bind import private_file_tree
 
-    shown, data = host_params(ctx.config.dev_root)
+    shown, data = host_params(ctx.config.host.dev_root)
     if data is None:
         ctx.params = (shown, None)
         return
-    tree = private_file_tree(data, ctx.config.get("runtime", "state-dir"), "params")
+    tree = private_file_tree(data, ctx.config.runtime.inventory_dir, "params")
     fd = tree.__enter__()
     ctx.closers.append(lambda: tree.__exit__(None, None, None))
     ctx.params = (None, fd)

@@ -47,13 +47,13 @@ def cache_key(driver_root: str, dev_root: str) -> dict:
     }
 
 
-def cache_path(state_dir: str) -> str:
-    return os.path.join(state_dir, CACHE_NAME)
+def cache_path(inventory_dir: str) -> str:
+    return os.path.join(inventory_dir, CACHE_NAME)
 
 
-def load_cached(state_dir: str, driver_root: str, dev_root: str) -> Host | None:
+def load_cached(inventory_dir: str, driver_root: str, dev_root: str) -> Host | None:
     """The cached host if its key still matches, else None."""
-    data = filecache.load(cache_path(state_dir), cache_key(driver_root, dev_root))
+    data = filecache.load(cache_path(inventory_dir), cache_key(driver_root, dev_root))
     if not isinstance(data, dict):
         return None
     try:
@@ -62,20 +62,20 @@ def load_cached(state_dir: str, driver_root: str, dev_root: str) -> Host | None:
         return None
 
 
-def store(state_dir: str, host: Host) -> None:
+def store(inventory_dir: str, host: Host) -> None:
     """Write the cache atomically; failure to write is not fatal (next call rediscovers)."""
     key = cache_key(host.driver_root, host.dev_root)
-    filecache.store(cache_path(state_dir), key, host.to_dict())
+    filecache.store(cache_path(inventory_dir), key, host.to_dict())
 
 
-def load_host(driver_root: str, dev_root: str, state_dir: str, refresh: bool = False) -> Host:
+def load_host(driver_root: str, dev_root: str, inventory_dir: str, refresh: bool = False) -> Host:
     """The host, from the cache when valid, else discovered (NVML) and cached."""
     if not refresh:
-        cached = load_cached(state_dir, driver_root, dev_root)
+        cached = load_cached(inventory_dir, driver_root, dev_root)
         if cached is not None:
             return cached
     from nvshim.host.discover import discover_host
 
     host = discover_host(driver_root, dev_root)
-    store(state_dir, host)
+    store(inventory_dir, host)
     return host

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 
+from nvshim.defaults import PCIE_LEVELS
 from nvshim.errors import NvshimError
 from nvshim.host.rootpath import host_path, resolve_in_root
 from nvshim.record import record
 
 # Best to worst; NV# (NVLink) ranks above all of them and is reported separately.
-LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+LEVELS = PCIE_LEVELS
 LEGEND = {
     "X": "self",
     "PIX": "at most one PCIe bridge (the same switch)",
@@ -193,11 +194,3 @@ def affinity(a: PciLocation, b: PciLocation) -> str:
 def rank(level: str) -> int:
     """Position of a level in ``LEVELS`` (0 best); NV# and X rank best."""
     return LEVELS.index(level) if level in LEVELS else -1
-
-
-def parse_level(text: str, what: str) -> str:
-    """A configured level name (any case), or NvshimError naming ``what``."""
-    level = text.strip().upper()
-    if level not in LEVELS:
-        raise NvshimError(f"{what}: {text!r} is not one of {', '.join(LEVELS)}")
-    return level

@@ -39,9 +39,9 @@ def shared_spec(
 
     shared = sharing_for(config, host)
     if not shared:
-        path = config.get("sharing", "config")
+        path = config.sharing.config
         raise UsageError(f"{path}: no shared devices (missing file or no sharing section)")
-    mps_root = config.get("sharing", "mps-root")
+    mps_root = config.sharing.mps_root
     extra = {}
     for uuid, share in shared.items():
         if share.mode != "mps":

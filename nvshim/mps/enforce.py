@@ -152,8 +152,8 @@ def sharing_edits(edits: ContainerEdits, devices, request, host, config, log: di
     ``CUDA_MPS_*`` cleared otherwise. Raises SharingError (one line) for a request the
     sharing rules refuse, including an MPS device whose daemon is down unless
     ``[sharing] on-daemon-down = "warn"``."""
-    mps_root = config.get("sharing", "mps-root")
-    on_down = config.get("sharing", "on-daemon-down")  # one of fail, warn (nvshim.config)
+    mps_root = config.sharing.mps_root
+    on_down = config.sharing.on_daemon_down  # one of fail, warn (nvshim.config)
     edits = _without_mps_mounts(edits, mps_root)
     shared = sharing_for(config, host)
     if not shared:

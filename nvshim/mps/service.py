@@ -59,7 +59,7 @@ def _pick(ids: tuple[str, ...], known: dict[str, str], what: str) -> list[str]:
 def start_all(config, host: Host, ids: tuple[str, ...] = ()) -> Outcome:
     """Start the daemon of every MPS-shared device (or of those named by ``ids``)."""
     shared = mps_devices(config, host)
-    root = config.get("sharing", "mps-root")
+    root = config.sharing.mps_root
     outcome = Outcome()
     for uuid in _pick(ids, {u: s.name for u, s in shared.items()}, "an MPS-shared device"):
         share = shared[uuid]
@@ -78,7 +78,7 @@ def _daemon_targets(
     shared = mps_devices(config, host)
     names = _names(host)
     known = {u: s.name for u, s in shared.items()}
-    for uuid in daemon.daemon_uuids(config.get("sharing", "mps-root")):
+    for uuid in daemon.daemon_uuids(config.sharing.mps_root):
         known.setdefault(uuid, names.get(uuid, uuid))
     picked = _pick(ids, known, "an MPS-shared device or a device with a daemon")
     return shared, known, picked
@@ -86,7 +86,7 @@ def _daemon_targets(
 
 def stop_all(config, host: Host, ids: tuple[str, ...] = ()) -> Outcome:
     """Stop the daemons of the named devices, or every daemon under the MPS root."""
-    root = config.get("sharing", "mps-root")
+    root = config.sharing.mps_root
     shared, known, picked = _daemon_targets(config, host, ids)
     outcome = Outcome()
     for uuid in picked:
@@ -104,7 +104,7 @@ def stop_all(config, host: Host, ids: tuple[str, ...] = ()) -> Outcome:
 
 def status_all(config, host: Host, ids: tuple[str, ...] = ()) -> Outcome:
     """The status of every MPS-shared device's daemon (and of leftovers not in the config)."""
-    root = config.get("sharing", "mps-root")
+    root = config.sharing.mps_root
     shared, known, picked = _daemon_targets(config, host, ids)
     outcome = Outcome()
     for uuid in picked:

@@ -339,9 +339,7 @@ def _parse_resource(path, where, entry: Any, mode: str, by_default: bool, warnin
 def selected_name(config) -> tuple[str, str]:
     """The named config to use and the default: ``NVSHIM_SHARING_CONFIG_NAME`` (when set)
     or ``[sharing] config-name``, and ``[sharing] config-default``."""
-    table = config.values["sharing"]
-    name = os.environ.get(NAME_ENV) or table.get("config-name") or ""
-    return name, table.get("config-default") or ""
+    return os.environ.get(NAME_ENV) or config.sharing.config_name, config.sharing.config_default
 
 
 def load_sharing_config(path: str, name: str = "", default: str = "") -> SharingConfig | None:
@@ -470,8 +468,8 @@ def config_for(config) -> SharingConfig | None:
     ``flags.migStrategy``, as the device plugin's ``--mig-strategy``/``MIG_STRATEGY`` do
     (the GPU Operator sets those, not the file)."""
     name, default = selected_name(config)
-    sharing = load_sharing_config(config.get("sharing", "config"), name, default)
-    strategy = os.environ.get(STRATEGY_ENV) or config.values["sharing"].get("mig-strategy")
+    sharing = load_sharing_config(config.sharing.config, name, default)
+    strategy = os.environ.get(STRATEGY_ENV) or config.sharing.mig_strategy
     if sharing is None or not strategy:
         return sharing
     if strategy not in MIG_STRATEGIES:  # the variable's: the file's is checked at load

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from nvshim.config import amended
 from nvshim.errors import NvshimError
 from nvshim.node import steps
 from nvshim.node.env import NodeSettings
@@ -48,9 +49,8 @@ class MpsSupervisor:
     """The MPS daemons of the mounted sharing config (``nvshim mps``'s code), kept running."""
 
     def __init__(self, s: NodeSettings, host) -> None:
-        self.config = steps.host_side_config(s)
-        mps_root = str(self.config.get("sharing", "mps-root"))
-        self.config.values["sharing"]["mps-root"] = s.here(mps_root)  # reached from here
+        config = steps.host_side_config(s)  # its MPS root reached from here:
+        self.config = amended(config, "sharing", mps_root=s.here(config.sharing.mps_root))
         self.host = host
         self.started = False
 

@@ -94,7 +94,7 @@ def remove_files(s: NodeSettings, say: Say) -> None:
     from nvshim.install import uninstall_host
     from nvshim.node import leftover
 
-    runtimes = [str(r) for r in host_side_config(s).get("runtime", "runtimes")]
+    runtimes = [str(r) for r in host_side_config(s).runtime.runtimes]
     tree = leftover.leave(s, runtimes)
     for path in uninstall_host(s.host_root, s.prefix, switch_to=tree):
         say(f"removed {path}")
@@ -142,19 +142,20 @@ def _remove_tree(top: str) -> None:
 
 
 def clean_run_dirs(s: NodeSettings, say: Say) -> None:
-    """Remove nvshim's caches on the host (the state and cache directory, ``/run/nvshim``
-    by default); the node lock file stays until the lock is released. While containers
-    still run through nvshim their exec markers stay (an install coming back must still
-    enforce on their execs); the pass-through removes them with itself."""
+    """Remove nvshim's caches on the host (the inventory directory and the cache directory,
+    both ``/run/nvshim`` by default: docs/configuration.md#directories); the node lock file
+    stays until the lock is released. While containers still run through nvshim their exec
+    markers stay (an install coming back must still enforce on their execs); the
+    pass-through removes them with itself."""
     from nvshim.node.leftover import users
     from nvshim.runtime import MARKER_DIR
     from nvshim.trusted import DEFAULT_CACHE_DIR
 
-    state = str(host_side_config(s).get("runtime", "state-dir"))
+    inventory = host_side_config(s).runtime.inventory_dir
     keep = {s.here(s.pid_file)}
     if users(s):
         keep.add(s.here(os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR)))
-    for host_dir in sorted({state, DEFAULT_CACHE_DIR}):
+    for host_dir in sorted({inventory, DEFAULT_CACHE_DIR}):
         top = s.here(host_dir)
         if not os.path.isdir(top) or os.path.islink(top):
             continue
@@ -220,13 +221,11 @@ def check_inputs(s: NodeSettings) -> None:
 
 def host_configs(s: NodeSettings) -> tuple[str, str]:
     """Host paths of nvshim's config and of the sharing config it names."""
-    from nvshim.config import DEFAULTS, parse_config
+    from nvshim.config import SharingConfig, parse_config
 
-    sharing = str(DEFAULTS["sharing"]["config"])
+    sharing = SharingConfig().config
     if s.node_config:
-        sharing = parse_config(_read(s.node_config).encode(), s.node_config).get(
-            "sharing", "config"
-        )
+        sharing = parse_config(_read(s.node_config).encode(), s.node_config).sharing.config
     return s.host_config, sharing
 
 
@@ -249,14 +248,12 @@ def discover(s: NodeSettings):
 def host_side_config(s: NodeSettings):
     """nvshim's config as the host will read it (the mounted one, or defaults), with the
     mounted sharing config to read here."""
-    from nvshim.config import Config, default_values, parse_config
+    from nvshim.config import Config, amended, parse_config
 
+    config = Config()
     if s.node_config:
-        values = parse_config(_read(s.node_config).encode(), s.node_config).values
-    else:
-        values = default_values()
-    values["sharing"]["config"] = s.sharing_config or ""
-    return Config(values, s.node_config)
+        config = parse_config(_read(s.node_config).encode(), s.node_config)
+    return amended(config, "sharing", config=s.sharing_config or "")
 
 
 def create_device_nodes(s: NodeSettings, say: Say) -> None:
@@ -279,7 +276,7 @@ def write_cdi(s: NodeSettings, say: Say, host) -> None:
 
     view = rebase_host(host, (s.driver_root_ctr, s.driver_root), (s.dev_root_ctr, s.dev_root))
     config = host_side_config(s)
-    caps = parse_capabilities(None, str(config.get("policy", "default-capabilities")), [])
+    caps = parse_capabilities(None, config.policy.default_capabilities, [])
     strategies = ("index", "uuid")
     spec = build_spec(
         view, caps, s.hook_path, vendor=s.cdi_vendor, cls=s.cdi_class, strategies=strategies

@@ -52,14 +52,14 @@ def check_gpu_nics(host, config) -> Outcome:
     or better."""
     from nvshim.host.pcie import LEVELS, affinity, rank
     from nvshim.host.topology import discover_topology
-    from nvshim.policy.pairing import matches, settings
+    from nvshim.policy.pairing import matches
 
     if not _has_rdma(host.dev_root):
         return "skip", "no RDMA devices", None
-    cfg = settings(config)
+    cfg = config.pairing
     topo = discover_topology(host)
-    allowed = [n for n in topo.nics if n.uverbs and (not cfg["nics"] or matches(n, cfg["nics"]))]
-    worst = rank(cfg["worst-affinity"])
+    allowed = [n for n in topo.nics if n.uverbs and (not cfg.nics or matches(n, cfg.nics))]
+    worst = rank(cfg.worst_affinity)
     lonely = []
     for gpu in topo.gpus:
         best = min((rank(affinity(gpu.location, n.location)) for n in allowed), default=None)
@@ -68,12 +68,12 @@ def check_gpu_nics(host, config) -> Outcome:
     if lonely:
         return (
             "warn",
-            f"no NIC at {cfg['worst-affinity']} or better for {', '.join(lonely)}",
+            f"no NIC at {cfg.worst_affinity} or better for {', '.join(lonely)}",
             "pairing refuses these GPUs: move NICs or GPUs, widen pairing.nics, or set "
             'pairing.worst-affinity / pairing.on-no-nic = "warn"',
         )
     return (
         "ok",
-        f"each of {len(topo.gpus)} GPU(s) has a NIC at {cfg['worst-affinity']} or better",
+        f"each of {len(topo.gpus)} GPU(s) has a NIC at {cfg.worst_affinity} or better",
         None,
     )

@@ -1,7 +1,8 @@
-"""Exclusive NIC claims: ``<state-dir>/rdma-claims/<hca>`` names the container holding the
-NIC, with its init's pid and start time. A claim is live while that process runs (same
-pid, same start time), so a container that is gone releases its NICs without a cleanup
-step. Claims are taken under a lock on the directory, all or none."""
+"""Exclusive NIC claims: ``rdma-claims/<hca>`` in the inventory directory (``[runtime]
+inventory-dir``) names the container holding the NIC, with its init's pid and start
+time. A claim is live while that process runs (same pid, same start time), so a
+container that is gone releases its NICs without a cleanup step. Claims are taken under
+a lock on the directory, all or none."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from nvshim.errors import NvshimError
 DIR = "rdma-claims"
 
 
-def claims_dir(state_dir: str) -> str:
-    return os.path.join(state_dir, DIR)
+def claims_dir(inventory_dir: str) -> str:
+    return os.path.join(inventory_dir, DIR)
 
 
 def start_time(pid: int) -> str | None:
@@ -47,9 +48,9 @@ def _live(claim: dict | None) -> bool:
     return start_time(claim["pid"]) == claim.get("start")
 
 
-def live_claims(state_dir: str) -> dict[str, str]:
+def live_claims(inventory_dir: str) -> dict[str, str]:
     """HCA name -> container id, for every live claim."""
-    base = claims_dir(state_dir)
+    base = claims_dir(inventory_dir)
     try:
         names = sorted(os.listdir(base))
     except OSError:
@@ -62,10 +63,10 @@ def live_claims(state_dir: str) -> dict[str, str]:
     return out
 
 
-def claim(state_dir: str, nics: list[str], container_id: str, pid: int) -> list[str]:
+def claim(inventory_dir: str, nics: list[str], container_id: str, pid: int) -> list[str]:
     """Claim ``nics`` for the container (idempotent for its own claims); NvshimError naming
     the holder, with nothing claimed, when another live container holds one."""
-    base = claims_dir(state_dir)
+    base = claims_dir(inventory_dir)
     os.makedirs(base, mode=0o700, exist_ok=True)
     start = start_time(pid)
     if start is None:
@@ -91,9 +92,9 @@ def claim(state_dir: str, nics: list[str], container_id: str, pid: int) -> list[
     return list(nics)
 
 
-def release(state_dir: str, nics: list[str], container_id: str) -> None:
+def release(inventory_dir: str, nics: list[str], container_id: str) -> None:
     """Drop the container's own claims on ``nics`` (after a failed start)."""
-    base = claims_dir(state_dir)
+    base = claims_dir(inventory_dir)
     for nic in nics:
         path = os.path.join(base, nic)
         held = _read(path)

@@ -19,10 +19,10 @@ def check_args(nics: list[str], netdevs: list[str], config) -> None:
     """NvshimError naming the first argument the host or the policy does not allow."""
     from nvshim.host.rdma import discover_rdma
     from nvshim.pairing.netdev import parse_move
-    from nvshim.policy.pairing import matches, settings
+    from nvshim.policy.pairing import matches
 
-    cfg = settings(config)
-    devices = discover_rdma(config.dev_root, [])
+    cfg = config.pairing
+    devices = discover_rdma(config.host.dev_root, [])
     names = {d.name for d in devices}
     for nic in nics:
         if nic not in names:
@@ -33,9 +33,9 @@ def check_args(nics: list[str], netdevs: list[str], config) -> None:
         nic = owners.get(old)
         if nic is None:
             raise NvshimError(f"rdma-pair: --netdev {old!r}: not a netdev of an RDMA device")
-        if not cfg["netdev-handover"]:
+        if not cfg.netdev_handover:
             raise NvshimError("rdma-pair: --netdev given but pairing.netdev-handover is false")
-        if not nic.is_vf and not matches(nic, cfg["move-physical"]):
+        if not nic.is_vf and not matches(nic, cfg.move_physical):
             raise NvshimError(
                 f"rdma-pair: {old} is a physical function's netdev ({nic.name}) not named in "
                 "pairing.move-physical"
@@ -45,17 +45,18 @@ def check_args(nics: list[str], netdevs: list[str], config) -> None:
 def run_pair_step(state, nics: list[str], netdevs: list[str], config) -> dict:
     """Do the step for the OCI ``state``; log fields; NvshimError with nothing left done."""
     check_args(nics, netdevs, config)
-    state_dir = config.get("runtime", "state-dir")
+    inventory_dir = config.runtime.inventory_dir
     fields: dict = {}
     if nics:
-        fields["rdma_claimed"] = ",".join(claims.claim(state_dir, nics, state.id, state.pid))
+        claimed = claims.claim(inventory_dir, nics, state.id, state.pid)
+        fields["rdma_claimed"] = ",".join(claimed)
     if netdevs:
         from nvshim.pairing.netdev import move_netdevs
 
         try:
             fields.update(move_netdevs(state.pid, netdevs))
         except BaseException:
-            claims.release(state_dir, nics, state.id)
+            claims.release(inventory_dir, nics, state.id)
             raise
     return fields
 

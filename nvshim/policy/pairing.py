@@ -17,12 +17,12 @@ from nvshim.errors import NvshimError
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:
+    from nvshim.config import PairingConfig
     from nvshim.host.rdma import RdmaDevice
     from nvshim.host.topology import GpuPlace, Topology
 
 AUTO_WORDS = ("paired", "true", "1", "yes", "auto")
 OFF_WORDS = ("", "false", "0", "no", "none")
-SOURCES = ("annotation", "env")
 STEP = "rdma-pair"
 HCA_ENV = "NVSHIM_RDMA_HCAS"
 NCCL_ENV = "NCCL_IB_HCA"
@@ -31,22 +31,6 @@ MAX_ASK = 4096
 
 class PairingError(NvshimError):
     """A pairing request the policy refuses."""
-
-
-def settings(config) -> dict:
-    """The ``[pairing]`` table, checked (NvshimError naming the key)."""
-    from nvshim.host.pcie import parse_level
-
-    cfg = dict(config.values["pairing"])
-    where = config.path or "config"
-    cfg["worst-affinity"] = parse_level(cfg["worst-affinity"], f"{where}: pairing.worst-affinity")
-    for source in cfg["request-sources"]:
-        if source not in SOURCES:
-            raise NvshimError(f"{where}: pairing.request-sources: unknown source {source!r}")
-    name = cfg["netdev-name"]
-    if name and (len(name.replace("%d", "0")) > 13 or any(c in name for c in "/=: \t")):
-        raise NvshimError(f"{where}: pairing.netdev-name {name!r} is not a usable name pattern")
-    return cfg
 
 
 def matches(nic: RdmaDevice, patterns: list[str]) -> bool:
@@ -87,7 +71,7 @@ def _candidates(gpu: GpuPlace, nics: list[RdmaDevice]) -> list[tuple[int, str, R
 def pair(
     topo: Topology,
     gpus: list[GpuPlace],
-    cfg: dict,
+    cfg: PairingConfig,
     named: list[str],
     busy: dict[str, str] | None = None,
 ) -> tuple[list[RdmaDevice], list[str]]:
@@ -102,8 +86,8 @@ def pair(
     from nvshim.host.pcie import LEVELS, affinity, rank
 
     busy = busy or {}
-    worst = rank(cfg["worst-affinity"])
-    allowed = [n for n in topo.nics if not cfg["nics"] or matches(n, cfg["nics"])]
+    worst = rank(cfg.worst_affinity)
+    allowed = [n for n in topo.nics if not cfg.nics or matches(n, cfg.nics)]
     usable = [n for n in allowed if n.uverbs is not None]
     chosen: list[RdmaDevice] = []
     warnings: list[str] = []
@@ -128,7 +112,7 @@ def pair(
             if best > worst:
                 raise PairingError(
                     f"RDMA device {nic.name} ({nic.bdf}) is {LEVELS[best]} from the "
-                    f"container's GPUs, worse than pairing.worst-affinity {cfg['worst-affinity']}"
+                    f"container's GPUs, worse than pairing.worst-affinity {cfg.worst_affinity}"
                 )
             if nic not in chosen:
                 chosen.append(nic)
@@ -138,7 +122,7 @@ def pair(
         pick = next((n for r, _, n in ranked if r <= worst and n.name not in busy), None)
         if pick is None:
             message = _nothing_qualifies(gpu, ranked, busy, cfg)
-            if cfg["on-no-nic"] == "fail":
+            if cfg.on_no_nic == "fail":
                 raise PairingError(message)
             warnings.append(message)
             continue
@@ -147,10 +131,10 @@ def pair(
     return chosen, warnings
 
 
-def _nothing_qualifies(gpu, ranked, busy: dict[str, str], cfg: dict) -> str:
+def _nothing_qualifies(gpu, ranked, busy: dict[str, str], cfg: PairingConfig) -> str:
     from nvshim.host.pcie import LEVELS
 
-    head = f"{_describe(gpu)}: no RDMA NIC at {cfg['worst-affinity']} or better"
+    head = f"{_describe(gpu)}: no RDMA NIC at {cfg.worst_affinity} or better"
     if not ranked:
         return head + " (no allowed NIC with a uverbs device)"
     rank, _, nic = ranked[0]
@@ -161,7 +145,7 @@ def _nothing_qualifies(gpu, ranked, busy: dict[str, str], cfg: dict) -> str:
 
 
 def nic_edits(
-    nics: list[RdmaDevice], topo: Topology, cfg: dict, hook_path: str | None
+    nics: list[RdmaDevice], topo: Topology, cfg: PairingConfig, hook_path: str | None
 ) -> tuple[ContainerEdits, list[str]]:
     """Edits for a set of paired NICs, and the netdevs kept on the host (PFs not named in
     ``move-physical``). ``hook_path`` None: no hook entries (a caller that runs the step
@@ -176,17 +160,17 @@ def nic_edits(
     names = ",".join(n.name for n in nics)
     edits = ContainerEdits(env=[f"{NCCL_ENV}=={names}", f"{HCA_ENV}={names}"], device_nodes=nodes)
     args: list[str] = []
-    if cfg["exclusive"]:
+    if cfg.exclusive:
         args += [a for n in nics for a in ("--claim", n.name)]
     kept: list[str] = []
-    if cfg["netdev-handover"]:
+    if cfg.netdev_handover:
         count = 0
         for nic in nics:
             for netdev in nic.netdevs:
-                if not nic.is_vf and not matches(nic, cfg["move-physical"]):
+                if not nic.is_vf and not matches(nic, cfg.move_physical):
                     kept.append(netdev)
                     continue
-                args += ["--netdev", _rename(netdev, cfg["netdev-name"], count)]
+                args += ["--netdev", _rename(netdev, cfg.netdev_name, count)]
                 count += 1
     if args and hook_path:
         from nvshim.hookentries import hook_entry
@@ -221,11 +205,11 @@ def pairing_edits(edits: ContainerEdits, devices, request, host, config, log: di
         return edits
     source, value = ask
     what = "annotation nvshim.io/rdma" if source == "annotation" else "NVSHIM_RDMA"
-    cfg = settings(config)
-    if not cfg["enabled"]:
+    cfg = config.pairing
+    if not cfg.enabled:
         log["rdma"] = "ignored: pairing.enabled is false"
         return edits
-    if source not in cfg["request-sources"]:
+    if source not in cfg.request_sources:
         log["rdma"] = f"ignored: {source} is not in pairing.request-sources"
         return edits
     named = parse_ask(value, what)
@@ -237,14 +221,14 @@ def pairing_edits(edits: ContainerEdits, devices, request, host, config, log: di
     wanted = [d.index if i is None else i for d, i in zip(devices, wanted, strict=True)]
     topo = discover_topology(host, gpus=wanted)
     busy: dict[str, str] = {}
-    if cfg["exclusive"]:
+    if cfg.exclusive:
         from nvshim.pairing.claims import live_claims
 
-        busy = live_claims(config.get("runtime", "state-dir"))
+        busy = live_claims(config.runtime.inventory_dir)
     nics, warnings = pair(topo, gpu_places(topo, devices, host), cfg, named, busy)
     if warnings:
         log["rdma_warning"] = "; ".join(warnings)
-    added, kept = nic_edits(nics, topo, cfg, config.get("runtime", "hook-path"))
+    added, kept = nic_edits(nics, topo, cfg, config.runtime.hook_path)
     log["rdma"] = ",".join(n.name for n in nics) or "none"
     if kept:
         log["netdev_kept"] = ",".join(kept) + " (physical function, not in pairing.move-physical)"
@@ -257,8 +241,9 @@ def cdi_pairing_edits(host, config, hook_path: str):
     are consulted (the spec's ``rdma-pair`` hook enforces ``exclusive`` at start)."""
     from nvshim.host.edits import all_devices
     from nvshim.host.topology import discover_topology
+    from nvshim.record import replace
 
-    cfg = settings(config)
+    cfg = config.pairing
     topo = discover_topology(host)
     devices = all_devices(host)
     per_device: dict[str, ContainerEdits] = {}
@@ -268,5 +253,5 @@ def cdi_pairing_edits(host, config, hook_path: str):
         warnings += [n for n in notes if n not in warnings]
         if nics:
             per_device[device.uuid] = nic_edits(nics, topo, cfg, hook_path)[0]
-    every, _ = pair(topo, gpu_places(topo, devices, host), {**cfg, "on-no-nic": "warn"}, [])
+    every, _ = pair(topo, gpu_places(topo, devices, host), replace(cfg, on_no_nic="warn"), [])
     return per_device, nic_edits(every, topo, cfg, hook_path)[0], warnings

@@ -10,13 +10,9 @@ subject to the env policy.
 
 from __future__ import annotations
 
-from nvshim.config import DEFAULTS
+from nvshim.config import PolicyConfig
 from nvshim.errors import NvshimError
 from nvshim.record import field, record
-
-TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
-if TYPE_CHECKING:
-    from typing import Any
 
 MAX_VALUE = 64 * 1024  # bytes of one device-list value
 MAX_ID = 128  # characters of one device id
@@ -35,8 +31,6 @@ TRUE_WORDS = ("true", "1", "yes")
 
 _DIGITS = frozenset("0123456789")
 _UUID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
-
-_POLICY_DEFAULTS: dict[str, Any] = DEFAULTS["policy"]
 
 
 class RequestError(NvshimError):
@@ -212,15 +206,7 @@ def spec_env(spec: dict) -> dict[str, str]:
     return env
 
 
-def _policy(policy: dict | None, key: str) -> Any:
-    value = policy.get(key) if isinstance(policy, dict) else None
-    default = _POLICY_DEFAULTS[key]
-    if value is None or type(value) is not type(default):
-        return default
-    return value
-
-
-def cdi_annotation_names(spec: dict, policy: dict) -> list[tuple[str, str]]:
+def cdi_annotation_names(spec: dict, policy: PolicyConfig) -> list[tuple[str, str]]:
     """Every CDI name the CDI annotations (``<prefix>...`` = ``vendor/class=name,...``)
     carry, as ``(what, name)``; an entry that is not a valid qualified CDI name raises
     RequestError (annotations are hostile: nothing unparsed goes further)."""
@@ -229,7 +215,7 @@ def cdi_annotation_names(spec: dict, policy: dict) -> list[tuple[str, str]]:
     annotations = spec.get("annotations")
     if not isinstance(annotations, dict):
         return []
-    prefixes = [p for p in _policy(policy, "cdi-annotation-prefixes") if isinstance(p, str) and p]
+    prefixes = [p for p in policy.cdi_annotation_prefixes if p]
     names: list[tuple[str, str]] = []
     for key, value in annotations.items():
         if not (isinstance(key, str) and isinstance(value, str)):
@@ -248,10 +234,10 @@ def cdi_annotation_names(spec: dict, policy: dict) -> list[tuple[str, str]]:
     return names
 
 
-def devices_from_annotations(spec: dict, policy: dict) -> DeviceList | None:
+def devices_from_annotations(spec: dict, policy: PolicyConfig) -> DeviceList | None:
     """Our devices named by CDI annotations; None when no annotation names one. Names of
     other vendors are left to ``foreign_cdi_names``."""
-    kind = f"{_policy(policy, 'cdi-vendor')}/{_policy(policy, 'cdi-class')}"
+    kind = f"{policy.cdi_vendor}/{policy.cdi_class}"
     names = [n.partition("=")[2] for _, n in cdi_annotation_names(spec, policy)
              if n.partition("=")[0] == kind]  # fmt: skip
     if not names:
@@ -259,9 +245,9 @@ def devices_from_annotations(spec: dict, policy: dict) -> DeviceList | None:
     return parse_device_ids(names, f"annotation {kind}", keywords=False)
 
 
-def foreign_cdi_names(spec: dict, policy: dict) -> tuple[str, ...]:
+def foreign_cdi_names(spec: dict, policy: PolicyConfig) -> tuple[str, ...]:
     """CDI names in the annotations of any other vendor or class, in order, once each."""
-    kind = f"{_policy(policy, 'cdi-vendor')}/{_policy(policy, 'cdi-class')}"
+    kind = f"{policy.cdi_vendor}/{policy.cdi_class}"
     names = [n for _, n in cdi_annotation_names(spec, policy) if n.partition("=")[0] != kind]
     return tuple(dict.fromkeys(names))
 
@@ -338,7 +324,7 @@ def is_sandbox(spec: dict) -> bool:
     return any(annotations.get(key) == value for key, value in SANDBOX_MARKS)
 
 
-def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
+def request_from_spec(spec: dict, policy: PolicyConfig) -> ContainerRequest | None:
     """The container's GPU request, or None for a container that asks for no GPU.
 
     ``policy`` is the ``[policy]`` table of the configuration. A pod sandbox never asks
@@ -365,7 +351,7 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
     nodes: tuple[str, ...] = ()
     if devices is None and foreign:
         devices = DeviceList("list")  # what they name comes from the spec directories
-    if devices is None and _policy(policy, "accept-volume-mounts"):
+    if devices is None and policy.accept_volume_mounts:
         source = "mounts"
         devices = devices_from_mounts(spec)
     if devices is None and not privileged:  # privileged: linux.devices holds every node
@@ -373,7 +359,7 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
         if nodes:
             source, devices = "engine", DeviceList("list")
     if devices is None:
-        honoured = privileged or _policy(policy, "accept-env-unprivileged")
+        honoured = privileged or policy.accept_env_unprivileged
         if VISIBLE in env:
             source = "env"
             asked = f"{VISIBLE}={_show(env[VISIBLE])}"
@@ -395,7 +381,7 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
                 f"{asked} not honoured: unprivileged container and "
                 "policy.accept-env-unprivileged is false"
             )
-            if devices.kind == "list" and _policy(policy, "fail-refused-env"):
+            if devices.kind == "list" and policy.fail_refused_env:
                 raise RequestError(
                     f"{denied}; ask through a CDI annotation or device mounts (the device"
                     " plugin's cdi-annotations or volume-mounts strategy), or set"
@@ -406,7 +392,7 @@ def request_from_spec(spec: dict, policy: dict) -> ContainerRequest | None:
     from nvshim.policy.capabilities import parse_capabilities
 
     capabilities = parse_capabilities(
-        env.get("NVIDIA_DRIVER_CAPABILITIES"), _policy(policy, "default-capabilities"), warnings
+        env.get("NVIDIA_DRIVER_CAPABILITIES"), policy.default_capabilities, warnings
     )
     requirements, disable_require = requirements_of(env)
     return ContainerRequest(
@@ -438,13 +424,13 @@ TRIGGERS = (
 )  # fmt: skip
 
 
-def request_triggers(policy: dict | None) -> tuple[str, ...]:
+def request_triggers(policy: PolicyConfig) -> tuple[str, ...]:
     """``TRIGGERS``, the configured CDI kind (``<cdi-vendor>/<cdi-class>``) and the CDI
     annotation prefixes (a name of any vendor is a request). A word holding a character
     JSON writes only escaped (a quote, a backslash, a control character) adds a lone
     backslash: then any escape at all sends the spec to Python."""
-    kind = f"{_policy(policy, 'cdi-vendor')}/{_policy(policy, 'cdi-class')}"
-    prefixes = [p for p in _policy(policy, "cdi-annotation-prefixes") if isinstance(p, str) and p]
+    kind = f"{policy.cdi_vendor}/{policy.cdi_class}"
+    prefixes = [p for p in policy.cdi_annotation_prefixes if p]
     words = (*TRIGGERS, kind, *prefixes)
     if any(c in '"\\' or ord(c) < 0x20 for word in (kind, *prefixes) for c in word):
         words += ("\\",)

@@ -56,9 +56,7 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
             log["devices"] = "none"
             return Selection(foreign, [], log)
     caps = request.capabilities
-    edits = common_edits(host, caps, config.get("runtime", "hook-path")).merge(
-        devices_edits(devices, host)
-    )
+    edits = common_edits(host, caps, config.runtime.hook_path).merge(devices_edits(devices, host))
     driver, cuda = host.driver_version, host.cuda_version
     if rootfs and request.requirements and not request.disable_require:
         from nvshim.hook.cudacompat import judged_versions
@@ -101,7 +99,7 @@ def _cdi_and_engine_devices(devices, request, host, config) -> tuple[list, Conta
     foreign = ContainerEdits()
     extra = []
     if request.cdi_names:
-        dirs = [d for d in config.get("policy", "cdi-spec-dirs") if isinstance(d, str)]
+        dirs = config.policy.cdi_spec_dirs
         found, foreign = resolve_cdi_names(host, request.cdi_names, dirs)
         extra += found
     if request.device_nodes:
@@ -125,7 +123,7 @@ def load_host_for(config: Config) -> Host:
     """The host inventory for the runtime and hook (cached; NVML only on a cache miss)."""
     from nvshim.host.inventory import load_host
 
-    return load_host(config.driver_root, config.dev_root, config.get("runtime", "state-dir"))
+    return load_host(config.host.driver_root, config.host.dev_root, config.runtime.inventory_dir)
 
 
 def edits_for_spec(
@@ -135,7 +133,7 @@ def edits_for_spec(
     ``bundle``: where the spec lives (its root is looked at for CUDA compat libraries)."""
     from nvshim.policy.request import request_from_spec
 
-    request = request_from_spec(spec, config.values["policy"])
+    request = request_from_spec(spec, config.policy)
     if request is None:
         return None
     rootfs = None

@@ -6,7 +6,7 @@ The defaults it shares with the config, and its tests' fault points, are in
 """
 
 FRONT_CACHE = "runtime-front"  # the low-level runtime, for the sh front (passthrough.py)
-DAEMON_SOCKET = "runtime.sock"  # nvshim-runtimed listens here, in the cache dir (daemon.py)
+DAEMON_SOCKET = "runtime.sock"  # nvshim-runtimed listens here, in the cache directory
 MARKER_DIR = "exec"  # one file per container id nvshim prepared (markers.py)
 
 

@@ -27,7 +27,7 @@ def find_runtime(candidates, path: str | None = None) -> str | None:
 
 def runtime_for(config) -> str:
     """The first configured runtime found. Raises NvshimError when none is."""
-    runtimes = config.get("runtime", "runtimes")
+    runtimes = config.runtime.runtimes
     runtime = find_runtime(runtimes)
     if runtime is None:
         from nvshim.errors import NvshimError

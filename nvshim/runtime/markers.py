@@ -1,7 +1,7 @@
-"""Exec markers: ``<cache dir>/exec/<container id>``, one per container nvshim prepared
-for a GPU. The sh front (``nvshim.runtime.front``) sends an exec of a marked container to
-Python (which sets the enforced variables) and removes the marker when it deletes the
-container.
+"""Exec markers: ``exec/<container id>`` in the cache directory, one per container
+nvshim prepared for a GPU. The sh front (``nvshim.runtime.front``) sends an exec of a
+marked container to Python (which sets the enforced variables) and removes the marker
+when it deletes the container.
 
 A marker holds one line: the low-level runtime's state root (runc's ``--root``, else its
 default), when nvshim knows that runtime's layout (``<root>/<id>`` while the container

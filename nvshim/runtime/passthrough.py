@@ -107,7 +107,7 @@ def resolve_and_remember() -> str:
     before = _identity(path)
     config = load_config()  # read after `before`: an edit from now on misses the entry
     runtime = runtime_for(config)
-    triggers = list(request_triggers(config.values["policy"]))
+    triggers = list(request_triggers(config.policy))
     status = "missing" if before is None else "present"
     head = [f"nvshim {__version__}", path, status, *triggers, ""]
     mine = [os.environ.get("PATH", ""), runtime]

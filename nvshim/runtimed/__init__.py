@@ -3,9 +3,9 @@ every module already imported, so a GPU create costs a few milliseconds and no
 interpreter start (through a slot; through the client one start) instead of a start
 plus ~16 ms of imports (``bench/engine_start.py``).
 
-It listens on ``<cache dir>/runtime.sock`` (mode 0600). Worker processes forked from
-the warm parent accept the calls; for each, a worker takes on the client's stdio,
-working directory and environment, runs ``nvshim.runtime.main.run`` with a ``LowLevel``
+It listens on ``runtime.sock`` in the cache directory (mode 0600). Worker processes
+forked from the warm parent accept the calls; for each, a worker takes on the client's
+stdio, working directory and environment, runs ``nvshim.runtime.main.run`` with a ``LowLevel``
 that hands the low-level runtime back to the client (exec, or spawn and report its
 status), so runc stays the engine's grandchild, then puts its own back. The finishing
 steps run in the worker. The parent keeps ``--workers`` alive, adds one whenever all

@@ -130,7 +130,7 @@ def main() -> int:
         fh.write(
             f'[host]\ndriver-root = "{sim.driver_root}"\ndev-root = "{sim.dev_root}"\n'
             f'[runtime]\nhook-path = "{bin_dir}/nvshim-hook"\n'
-            f'log-file = "{args.dir}/nvshim.log"\nstate-dir = "{args.dir}/state"\n'
+            f'log-file = "{args.dir}/nvshim.log"\ninventory-dir = "{args.dir}/state"\n'
         )
     os.environ["NVSHIM_CONFIG"] = config
     print(f"config: {config}")

@@ -37,17 +37,21 @@ def discover(driver_root: str, dev_root: str, quiet: bool = False) -> Host:
     return host
 
 
-def guarded(func, *args) -> None:
+def guarded(func, *args, help_command: str = "nvshim") -> None:
     """Run ``func(*args)`` as a command: an NvshimError or OSError becomes one line and
-    its exit code, an unexpected error one line and 70 (a traceback with NVSHIM_DEBUG)."""
+    its exit code, an unexpected error one line and 70 (a traceback with NVSHIM_DEBUG).
+    A usage error raised inside the command ends as the parser's do, with where the help
+    is: ``help_command``, unless it names its own command."""
     import os
 
-    from nvshim.errors import NvshimError
+    from nvshim.errors import NvshimError, UsageError, error_line
 
     try:
         func(*args)
     except NvshimError as err:
-        sys.stderr.write(f"nvshim: error: {err}\n")
+        if isinstance(err, UsageError) and err.help_command is None:
+            err.help_command = help_command
+        sys.stderr.write(error_line("nvshim", err) + "\n")
         sys.exit(err.exit_code)
     except OSError as err:
         where = f"{err.filename}: " if err.filename else ""

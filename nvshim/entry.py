@@ -105,4 +105,4 @@ def main(argv: list[str] | None = None) -> None:
         return
     from nvshim.console import guarded
 
-    guarded(run_generate, values)
+    guarded(run_generate, values, help_command="nvshim cdi generate")

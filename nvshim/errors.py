@@ -18,22 +18,29 @@ def one_line(err: BaseException) -> str:
 
 
 def did_you_mean(name: object, known) -> str:
-    """`` (did you mean X?)`` for the known name closest to a misspelt ``name``, or ``""``."""
+    """`` (did you mean 'X'?)`` for the known name closest to a misspelt ``name``, or ``""``:
+    the one form of every nvshim program, click's included (:func:`usage_line`)."""
     import difflib
 
     if not isinstance(name, str):
         return ""
     by_lower = {str(k).lower(): str(k) for k in known}  # "INFO" is close to "info"
     close = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
-    return f" (did you mean {by_lower[close[0]]}?)" if close else ""
+    return f" (did you mean '{by_lower[close[0]]}'?)" if close else ""
 
 
 class UsageError(NvshimError):
-    """Bad input given on the command line or in a file named on it; ``help_command``:
-    the command whose ``--help`` shows the fix (a parser's error), else None."""
+    """A command-line mistake: an option, argument or a variable standing for an option
+    (exit 2). ``help_command``: the command whose ``--help`` shows the fix; the program
+    sets it where the error is caught (:func:`error_line` then ends the line with it)."""
 
     exit_code = 2
     help_command: str | None = None
+
+
+class InputFileError(NvshimError):
+    """An input file whose contents are not what they should be (exit 1, as every failure
+    of the work: a bad file is not a usage error). The message starts with its path."""
 
 
 def error_line(program: str, err: NvshimError) -> str:
@@ -44,12 +51,15 @@ def error_line(program: str, err: NvshimError) -> str:
 
 def usage_line(program: str, message: str, command: str) -> str:
     """A usage error as every nvshim program prints it, one line (docs/commands.md
-    "Conventions"): ``PROGRAM: error: WHAT (did you mean X?); try 'COMMAND --help'``.
+    "Conventions"): ``PROGRAM: error: WHAT (did you mean 'X'?); try 'COMMAND --help'``.
     ``message`` may be click's (``No such option '--x'. Did you mean '--y'?``)."""
     text = " ".join(message.split()).replace(". (Did you mean", " (did you mean")
     head, sep, tail = text.partition(" Did you mean ")
     text = head.rstrip(".")
     if sep:
-        text += f" (did you mean {tail.rstrip('?')}?)"
-    text = text[:1].lower() + text[1:]
+        names = [n.strip(" '") for n in tail.rstrip("?").removeprefix("one of:").split(",")]
+        shown = ", ".join(f"'{name}'" for name in names)  # click quotes them or not, by version
+        text += f" (did you mean {'one of: ' if len(names) > 1 else ''}{shown}?)"
+    if text[:1].isupper() and text[1:2].islower():  # click's "No such option"; not a variable
+        text = text[:1].lower() + text[1:]
     return f"{program}: error: {text}; try '{command} --help'"

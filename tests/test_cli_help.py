@@ -220,8 +220,11 @@ def test_exit_codes_are_the_documented_ones(launchers, tmp_path):
     }
     for program, proc in usage.items():
         assert proc.returncode == 2, (program, proc.stderr)
-        line = _one_error(proc, program, "no such option", "(did you mean")
-        assert line.endswith(" --help'"), line
+        line = _one_error(proc, program, "no such option")
+        assert re.search(
+            r" \(did you mean (one of: )?'--[a-z-]+'(, '--[a-z-]+')*\?\); try '[a-z -]+ --help'$",
+            line,
+        ), line
     failure = {
         "nvshim": run_nvshim("cdi", "validate", str(bad)),
         "nvshim-hook": _run([hook, "prestart", "--config", config], input="{}"),
@@ -247,10 +250,71 @@ def test_exit_codes_are_the_documented_ones(launchers, tmp_path):
     assert str(missing) in open(log).read()  # the hook's failures are logged decisions too
 
 
+def test_a_bad_input_file_exits_1_naming_it(launchers, tmp_path):
+    """A bad file is a failure of the work (1), never a usage error (2), whichever file
+    and whichever program: one line ``PROGRAM: error: FILE...``, every file as it was."""
+    files = {
+        "containerd.toml": "version = 2\n[plugins\n",
+        "daemon.json": '{\n  "runtimes": ["nvidia"]\n}\n',
+        "config.toml": "[host\n",
+        "sharing.yaml": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - {name: nvidia.com/gpu, replica: 4}\n",
+        "names-sharing.toml": f'[sharing]\nconfig = "{tmp_path}/sharing.yaml"\n',
+    }  # fmt: skip
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    path = {name: str(tmp_path / name) for name in files}
+    hook = f"{launchers}/nvshim-hook"
+    runs = [
+        ("containerd.toml", "nvshim", run_nvshim(
+            "configure", "--engine", "containerd", "--engine-config", path["containerd.toml"])),
+        ("daemon.json", "nvshim", run_nvshim(
+            "unconfigure", "--engine", "docker", "--engine-config", path["daemon.json"])),
+        ("config.toml", "nvshim", run_nvshim(
+            "config", "show", env={"NVSHIM_CONFIG": path["config.toml"]})),
+        ("sharing.yaml", "nvshim", run_nvshim(
+            "config", "show", env={"NVSHIM_CONFIG": path["names-sharing.toml"]})),
+        ("config.toml", "nvshim-hook", _run(
+            [hook, "update-ldcache", "--config", path["config.toml"], "--folder", "/x"])),
+    ]  # fmt: skip
+    for name, program, proc in runs:
+        assert proc.returncode == 1, (name, program, proc.stderr)
+        line = _one_error(proc, program)
+        assert line.startswith(f"{program}: error: {path[name]}"), line
+        assert "--help" not in line, line  # the fix is in the file, not the command line
+    assert {n: (tmp_path / n).read_text() for n in files} == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)  # no backup, no lock
+    assert "never the contents of a file" in _exit_codes()[2]
+
+
+def test_usage_errors_a_command_raises_end_as_the_parser_s(tmp_path):
+    """Usage errors found inside a command (not by its parser) say where the help is, as
+    the parser's do, whichever path the command line took (the cdi generate fast path,
+    nvidia-ctk's ``runtime configure``, a group's subcommand)."""
+    config = str(tmp_path / "config.toml")
+    cases = [
+        (run_nvshim("configure"), "nvshim configure",
+         "--engine is required: containerd, docker or crio"),
+        (run_nvshim("node", "install", env={"NVSHIM_ENGINE": "dockr"}), "nvshim node install",
+         "NVSHIM_ENGINE='dockr'"),
+        (run_nvshim("cdi", "generate", "--vendor", "x y"), "nvshim cdi generate", "vendor"),
+        (run_nvshim("runtime", "configure", "--runtime", "containerd", "--config", config,
+                    "--nvidia-runtime-name", "runc"), "nvshim runtime configure", "runc"),
+        (run_nvshim("--quiet", "unconfigure", "--engine", "docker", "--runtime-name", "a b"),
+         "nvshim unconfigure", "--runtime-name 'a b'"),
+    ]  # fmt: skip
+    for proc, command, words in cases:
+        assert proc.returncode == 2, (command, proc.stderr)
+        line = _one_error(proc, "nvshim", words)
+        assert line.endswith(f"; try '{command} --help'"), line
+    assert not os.path.exists(config)
+
+
 def test_usage_errors_name_the_flag_or_variable():
     proc = run_nvshim("configure", env={"NVSHIM_ENGINE": "dockr"})
     assert proc.returncode == 2
-    _one_error(proc, "nvshim", "NVSHIM_ENGINE 'dockr'", "containerd, docker, crio")
+    line = _one_error(proc, "nvshim", "NVSHIM_ENGINE 'dockr'", "containerd, docker, crio")
+    assert line.endswith("; try 'nvshim configure --help'"), line
     proc = run_nvshim("unconfigure", "--engine", "dockr")
     assert proc.returncode == 2
     _one_error(proc, "nvshim", "'--engine'", "'dockr' is not one of")

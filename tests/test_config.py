@@ -38,8 +38,8 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
     assert config.warnings == [
         f"{path}: unknown key host.bogus ignored",
         f"{path}: unknown section [extra] ignored",
-        f"{path}: unknown key runtime.log-levle ignored (did you mean log-level?)",
-        f"{path}: unknown section [sharng] ignored (did you mean sharing?)",
+        f"{path}: unknown key runtime.log-levle ignored (did you mean 'log-level'?)",
+        f"{path}: unknown section [sharng] ignored (did you mean 'sharing'?)",
     ]
 
 
@@ -61,16 +61,16 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
         ('[sharing]\nmig-strategy = "mixd"\n', "sharing.mig-strategy must be one of"),
         ('[runtime]\nlog-target = "syslog"\n', "runtime.log-target must be one of 'file'"),
         # a misspelt choice gets the closest one
-        ('[runtime]\nlog-level = "warnng"\n', "got 'warnng' (did you mean warning?)"),
+        ('[runtime]\nlog-level = "warnng"\n', "got 'warnng' (did you mean 'warning'?)"),
         ("[runtime]\nlog-backups = -1\n", "runtime.log-backups must be at least 0, got -1"),
         ("[runtime]\nlog-max-size = 1.5\n", "runtime.log-max-size must be an int, got 1.5"),
         ("[runtime]\nlog-backups = true\n", "runtime.log-backups must be an int, got True"),
         # [pairing]: checked here, not when a container first asks for a NIC
-        ('[pairing]\nworst-affinity = "PBX"\n', "got 'PBX' (did you mean PXB?)"),
+        ('[pairing]\nworst-affinity = "PBX"\n', "got 'PBX' (did you mean 'PXB'?)"),
         (
             '[pairing]\nrequest-sources = ["anotation"]\n',
             "pairing.request-sources entry must be one of 'annotation', 'env', got 'anotation'"
-            " (did you mean annotation?)",
+            " (did you mean 'annotation'?)",
         ),
         (
             '[pairing]\nnics = ["mlx5_0", "mlx5_1 mlx5_2"]\n',
@@ -142,7 +142,7 @@ def test_choices_are_case_folded_where_declared(tmp_path):
     path.write_text('[pairing]\nworst-affinity = " node "\n')
     assert load_config(str(path)).pairing.worst_affinity == "NODE"
     path.write_text('[runtime]\nlog-level = "INFO"\n')
-    with pytest.raises(NvshimError, match="did you mean info"):
+    with pytest.raises(NvshimError, match="did you mean 'info'"):
         load_config(str(path))
 
 

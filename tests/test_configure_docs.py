@@ -10,7 +10,7 @@ from nvshim.engines.containerd import installed_version, parse_version
 from nvshim.engines.doc import MISSING, same
 from nvshim.engines.jsondoc import JsonDoc
 from nvshim.engines.tomldoc import TomlDoc, find_line
-from nvshim.errors import UsageError
+from nvshim.errors import InputFileError
 
 RT = ("plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes")
 NVSHIM = {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": "/x"}}
@@ -65,7 +65,8 @@ def test_inline_table_on_the_way_is_refused_with_its_line():
         'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\nruntimes = { runc = {} }\n'
     )
     doc = TomlDoc(text, "i.toml")
-    with pytest.raises(UsageError, match=r"^i\.toml:3: cannot add to .*runtimes: it is an inline"):
+    inline = r"^i\.toml:3: cannot add to .*runtimes: it is an inline"
+    with pytest.raises(InputFileError, match=inline):
         doc.set(RT + ("nvshim",), NVSHIM)
 
 

@@ -61,7 +61,7 @@ def test_bad_toml_is_one_line_naming_file_and_line_and_changes_nothing(
     config.write_text(text)
     code, out, err = nvshim(capsys, "configure", *ctd(config, "--set-as-default"))
     line = one_error_line(err)
-    assert code == 2
+    assert code == 1
     assert f"{config}{where}" in line and words in line
     assert tree(tmp_path) == {"config.toml": text.encode()}  # no backup, state or lock left
 
@@ -86,7 +86,7 @@ def test_bad_daemon_json_is_one_line_and_changes_nothing(tmp_path, capsys, text,
         capsys, "configure", "--engine", "docker", "--engine-config", str(config), "--enable-cdi"
     )
     line = one_error_line(err)
-    assert code == 2 and f"{config}{where}" in line and words in line, line
+    assert code == 1 and f"{config}{where}" in line and words in line, line
     assert tree(tmp_path) == {"daemon.json": text.encode()}
 
 
@@ -100,7 +100,7 @@ def test_cli_prints_one_line_without_traceback(tmp_path):
         cwd=REPO,
         env={**os.environ, "NVSHIM_CONTAINERD_VERSION": "1.7.13"},
     )
-    assert done.returncode == 2
+    assert done.returncode == 1
     assert done.stderr.startswith(f"nvshim: error: {config}:1: invalid TOML")
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
 
@@ -198,7 +198,7 @@ def test_refuses_to_take_over_a_runtime_it_did_not_add(tmp_path, capsys):
     config = tmp_path / "config.toml"
     config.write_text(text)
     code, _, err = nvshim(capsys, "configure", *ctd(config, "--runtime-name", "kata"))
-    assert code == 2 and "runtimes.kata exists and was not added by nvshim" in err
+    assert code == 1 and "runtimes.kata exists and was not added by nvshim" in err
     assert config.read_text() == text
     # ... nor to remove one.
     code, out, _ = nvshim(capsys, "unconfigure", *ctd(config, "--runtime-name", "kata"))

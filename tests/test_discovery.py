@@ -209,6 +209,4 @@ def test_info_shows_sharing_and_fails_on_a_broken_sharing_config(sim_hosts, tmp_
     proc = run_nvshim(*args, env={"NVSHIM_CONFIG": str(config)})
     assert proc.returncode == 1  # the host is still shown, the broken file fails the command
     assert sim.gpu_uuids()[0] in proc.stdout
-    assert proc.stderr.strip() == (
-        f"nvshim: error: sharing config: {sharing}: version: must be 'v1', got 'v9'"
-    )
+    assert proc.stderr.strip() == (f"nvshim: error: {sharing}: version: must be 'v1', got 'v9'")

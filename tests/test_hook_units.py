@@ -256,7 +256,7 @@ def test_step_options_repeat_and_take_equals_form():
     [
         ([], "missing argument 'STEP'"),
         (["no-such-step"], "no such step 'no-such-step'"),
-        (["prestat"], r"no such step 'prestat' \(did you mean prestart\?\)"),
+        (["prestat"], r"no such step 'prestat' \(did you mean 'prestart'\?\)"),
         (["prestart", "--link", "a::/b"], "no such option '--link'"),
         (["create-symlinks", "--link"], "option '--link' requires an argument"),
         (["--config"], "option '--config' requires an argument"),

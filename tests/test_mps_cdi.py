@@ -9,7 +9,7 @@ import pytest
 
 from nvshim.cdi.validate import validate_spec
 from nvshim.config import amended, load_config
-from nvshim.errors import UsageError
+from nvshim.errors import InputFileError
 from nvshim.hookentries import hook_env
 from nvshim.host.discover import discover_host
 from nvshim.mps.cdi import shared_spec
@@ -98,11 +98,12 @@ def test_daemon_check_hook_and_time_slicing(cdi_host, tmp_path):
     assert _devices(spec)["3"] == {"deviceNodes": _devices(spec)["3"]["deviceNodes"]}
 
 
-def test_nothing_shared_is_a_usage_error(cdi_host, tmp_path):
+def test_nothing_shared_is_a_bad_sharing_file(cdi_host, tmp_path):
     _, host, config = cdi_host
     config = amended(config, "sharing", config=str(tmp_path / "absent.yaml"))
-    with pytest.raises(UsageError, match="absent.yaml: no shared devices"):
+    with pytest.raises(InputFileError, match="absent.yaml: no shared devices") as refused:
         shared_spec(host, config, ("compute",), "/bin/true")
+    assert refused.value.exit_code == 1  # a bad file, not a usage error
 
 
 def test_podman_applies_the_shared_spec(cdi_host, tmp_path):

@@ -90,7 +90,7 @@ SHAPE_ERRORS = [
     (
         "replicas misspelt",
         _mps("    - {name: nvidia.com/gpu, replica: 4}\n"),
-        ["replicas: missing", "'replica' is not a key: did you mean replicas?"],
+        ["replicas: missing", "'replica' is not a key: did you mean 'replicas'?"],
     ),
     (
         "replicas string",
@@ -371,7 +371,7 @@ def test_info_fails_on_a_bad_sharing_config_in_one_line(tmp_path, sim_hosts):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith(
-        f"nvshim: error: sharing config: {sharing}: sharing.mps.resources[0].name: "
+        f"nvshim: error: {sharing}: sharing.mps.resources[0].name: "
         "nvidia.com/gpu covers GPU in MIG mode 6"
     )
     assert os.path.exists(sharing)
@@ -386,7 +386,7 @@ def test_config_show_fails_naming_file_and_key(tmp_path):
     assert proc.returncode == 1
     assert 'config-default = "x"' in proc.stdout
     assert proc.stderr == (
-        f"nvshim: error: sharing config: {sharing}: sharing.timeSlicing.resources[0].replicas: "
+        f"nvshim: error: {sharing}: sharing.timeSlicing.resources[0].replicas: "
         "missing: the number of replicas\n"
     )
     sharing.write_text("version: v1\nextra: 1\n")
@@ -424,5 +424,5 @@ def test_mig_strategy_key_wins_over_the_file_as_the_plugin_flag_does(tmp_path, s
     assert proc.returncode == 1
     assert proc.stderr == (
         f"nvshim: error: {tmp_path / 'config.toml'}: sharing.mig-strategy must be one of "
-        "'', 'none', 'single', 'mixed', got 'mixd' (did you mean mixed?)\n"
+        "'', 'none', 'single', 'mixed', got 'mixd' (did you mean 'mixed'?)\n"
     )

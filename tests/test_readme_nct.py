@@ -103,4 +103,4 @@ def test_config_show_step_fails_on_a_bad_sharing_file(tmp_path, bad):
     config.write_text(f'[sharing]\nconfig = "{sharing}"\n')
     proc = run_nvshim("config", "show", env={"NVSHIM_CONFIG": str(config)})
     assert proc.returncode == 1
-    assert proc.stderr.startswith(f"nvshim: error: sharing config: {sharing}: ")
+    assert proc.stderr.startswith(f"nvshim: error: {sharing}: ")

@@ -8,7 +8,7 @@ import os
 import sys
 
 from nvshim.console import discover, warn
-from nvshim.errors import UsageError
+from nvshim.errors import NvshimError, UsageError
 from nvshim.record import record
 
 
@@ -132,7 +132,7 @@ def make_parents(output: str) -> None:
             os.mkdir(directory, 0o755)
             os.chmod(directory, 0o755)  # mkdir honours the umask
         except OSError as err:
-            raise UsageError(f"{output}: cannot create {directory}: {err.strerror}") from None
+            raise NvshimError(f"{output}: cannot create {directory}: {err.strerror}") from None
 
 
 def generate(output, driver_root, dev_root, config, **options) -> None:

@@ -10,6 +10,7 @@ import click
 
 from nvshim import __version__
 from nvshim.console import guarded
+from nvshim.errors import UsageError
 from nvshim.options import option
 
 # name -> "module:attribute"; each module is imported only when its command runs.
@@ -95,6 +96,9 @@ def _click_main(argv: list[str] | None) -> None:
         sys.exit(err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
+    except UsageError as err:  # one a command raised: its help, as the parser's errors
+        err.help_command = err.help_command or _command_path(argv)
+        raise
 
 
 def _command_path(argv: list[str] | None) -> str:

@@ -9,7 +9,7 @@ import click
 
 from nvshim.cli.common import option
 from nvshim.cli.doctor import context_options
-from nvshim.errors import UsageError
+from nvshim.errors import NvshimError, UsageError
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -55,8 +55,8 @@ def exporter(listen, log_file, doctor_interval, make_context) -> None:
     registry.register(NodeCollector(make_context, log_path, doctor_interval))
     try:
         server, _thread = start_http_server(port, host, registry=registry)
-    except OSError as err:
-        raise UsageError(f"--listen {listen}: {err.strerror or err}") from None
+    except OSError as err:  # in use, or not this host's: the work failed (exit 1)
+        raise NvshimError(f"--listen {listen}: {err.strerror or err}") from None
     click.echo(f"nvshim exporter: serving http://{listen}/metrics", err=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -59,7 +59,7 @@ def _shared_devices(config, host: Host):
             click.echo(f"nvshim: warning: sharing config: {warning}", err=True)
         return sharing_for(config, host), None
     except NvshimError as err:
-        return {}, NvshimError(f"sharing config: {err}")
+        return {}, err  # it names the file
 
 
 def _gib(nbytes: int) -> str:

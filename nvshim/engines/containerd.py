@@ -19,7 +19,7 @@ from nvshim.engines.doc import MISSING, Document, Keys, dotted
 from nvshim.engines.records import Edit, recorded_before
 from nvshim.engines.settings import Settings
 from nvshim.engines.tomldoc import TomlDoc
-from nvshim.errors import UsageError
+from nvshim.errors import InputFileError, UsageError
 from nvshim.record import replace
 
 RUNC_V2 = "io.containerd.runc.v2"
@@ -97,7 +97,7 @@ def config_version(doc: Document) -> int:
     if value not in CRI_PLUGIN:
         line = doc.line_of(("version",))
         where = f"{doc.path}:{line}" if line else doc.path
-        raise UsageError(
+        raise InputFileError(
             f"{where}: containerd config version {value} is not supported"
             " (nvshim knows versions 1, 2 and 3)"
         )
@@ -300,7 +300,7 @@ def _refuse_reference(s: Settings, doc: Document) -> None:
     keys = CRI_PLUGIN[config_version(doc)] + ("containerd", "runtimes", s.runtime_name)
     entry = doc.get(keys)
     if _is_reference(entry):
-        raise UsageError(
+        raise InputFileError(
             f"{doc.path}: {dotted(keys)} runs the NVIDIA Container Toolkit's"
             f" {entry['options']['BinaryName']}: add --take-over to point it at nvshim-runtime"
             " (keeping its options; unconfigure gives it back), or choose another"
@@ -402,7 +402,7 @@ def _config_dump(config: str) -> Document | None:
         return None
     try:
         return TomlDoc(out.stdout, f"containerd config dump ({config})")
-    except UsageError:
+    except InputFileError:
         return None
 
 
@@ -415,7 +415,7 @@ def check_shadowing(s: Settings, main: Document, version: int, deep: bool) -> No
     plugin = CRI_PLUGIN[version]
     for doc in imported_docs(s.config, main, skip=[], root=s.host_root):
         if doc.get(plugin) is not MISSING:
-            raise UsageError(
+            raise InputFileError(
                 f"{doc.path} (imported by {s.config}) holds the {dotted(plugin)} table, which"
                 " replaces the main file's whole before containerd 2.1: configure that file"
                 f" instead (--engine-config {doc.path})"
@@ -537,7 +537,7 @@ def plan(
         sub_version = config_version(sub)
         edits[drop_in] = []
     if sub_version != main_version:
-        raise UsageError(
+        raise InputFileError(
             f"{drop_in}: config version {sub_version} differs from {s.config}"
             f" (version {main_version}); they must match"
         )

@@ -115,11 +115,11 @@ class Document(abc.ABC):
 
     def type_error(self, keys: Keys, want: str, found: Any) -> Exception:
         """The one-line error for a wrong type at ``keys`` (with its line when known)."""
-        from nvshim.errors import UsageError
+        from nvshim.errors import InputFileError
 
         line = self.line_of(keys)
         where = f"{self.path}:{line}" if line else self.path
-        return UsageError(f"{where}: {self.key_name(keys)} must be {want}, found {found}")
+        return InputFileError(f"{where}: {self.key_name(keys)} must be {want}, found {found}")
 
     def key_name(self, keys: Keys) -> str:
         return dotted(keys) or "the top level"

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from nvshim.engines.doc import MISSING, Document, Keys, type_name
-from nvshim.errors import UsageError
+from nvshim.errors import InputFileError
 
 DEFAULT_INDENT = "    "
 _INDENT_RE = re.compile(r"^([ \t]+)\S", re.MULTILINE)
@@ -37,11 +37,11 @@ class JsonDoc(Document):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
-            raise UsageError(
+            raise InputFileError(
                 f"{path}:{err.lineno}: invalid JSON (column {err.colno}): {err.msg}"
             ) from None
         if not isinstance(data, dict):
-            raise UsageError(f"{path}:1: must be a JSON object, found {type_name(data)}")
+            raise InputFileError(f"{path}:1: must be a JSON object, found {type_name(data)}")
         self.data = data
         match = _INDENT_RE.search(text)
         self.indent = match.group(1) if match else DEFAULT_INDENT

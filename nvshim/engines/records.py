@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvshim.engines.doc import MISSING, Document, Keys, dotted, same, type_name
-from nvshim.errors import UsageError
+from nvshim.errors import InputFileError
 from nvshim.record import record
 
 
@@ -87,7 +87,7 @@ def apply_edits(doc: Document, edits: list[Edit], records: list[dict], owner: st
             and edit.claim is not None
             and not edit.claim(current)
         ):
-            raise UsageError(
+            raise InputFileError(
                 f"{doc.path}: {dotted(edit.keys)} exists and was not added by nvshim;"
                 " choose another --runtime-name or remove it first"
             )

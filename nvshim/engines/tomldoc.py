@@ -20,7 +20,7 @@ from tomlkit.exceptions import ParseError, TOMLKitError
 from tomlkit.items import AoT, Comment, InlineTable, Null, String, StringType, Table, Whitespace
 
 from nvshim.engines.doc import MISSING, Document, Keys, dotted, same, type_name
-from nvshim.errors import NvshimError, UsageError
+from nvshim.errors import InputFileError, NvshimError
 
 _TABLES = (Container, Table, OutOfOrderTableProxy, InlineTable)
 
@@ -201,11 +201,11 @@ class TomlDoc(Document):
             return tomlkit.parse(text)
         except ParseError as err:
             reason = re.sub(r" at line \d+ col \d+$", "", str(err))
-            raise UsageError(
+            raise InputFileError(
                 f"{self.path}:{err.line}: invalid TOML (column {err.col}): {reason}"
             ) from None
         except TOMLKitError as err:
-            raise UsageError(f"{self.path}: invalid TOML: {err}") from None
+            raise InputFileError(f"{self.path}: invalid TOML: {err}") from None
 
     def _reparse(self) -> None:
         text = self.doc.as_string()
@@ -527,10 +527,10 @@ class TomlDoc(Document):
     def line_of(self, keys: Keys) -> int | None:
         return find_line(self.original, keys) or find_line(self.text, keys)
 
-    def _unsupported(self, keys: Keys, why: str) -> UsageError:
+    def _unsupported(self, keys: Keys, why: str) -> InputFileError:
         line = self.line_of(keys)
         where = f"{self.path}:{line}" if line else self.path
-        return UsageError(
+        return InputFileError(
             f"{where}: cannot add to {dotted(keys)}: {why}; write it as a [table] section"
         )
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nvshim.cdi.version import spec_min_version
-from nvshim.errors import UsageError
+from nvshim.errors import InputFileError
 from nvshim.host.edits import all_devices
 from nvshim.host.model import Host
 from nvshim.mps.enforce import mps_device_edits
@@ -32,7 +32,7 @@ def shared_spec(
 
     With ``daemon_check_hook`` each MPS device also gets a ``createRuntime`` hook
     ``nvshim-hook mps-check <uuid>`` that refuses the container when the daemon is down
-    (static specs cannot check that otherwise). Raises UsageError when nothing is shared.
+    (static specs cannot check that otherwise). Raises InputFileError when nothing is shared.
     """
     from nvshim.cdi.writer import build_spec, device_names
     from nvshim.hookentries import hook_entry
@@ -40,7 +40,7 @@ def shared_spec(
     shared = sharing_for(config, host)
     if not shared:
         path = config.sharing.config
-        raise UsageError(f"{path}: no shared devices (missing file or no sharing section)")
+        raise InputFileError(f"{path}: no shared devices (missing file or no sharing section)")
     mps_root = config.sharing.mps_root
     extra = {}
     for uuid, share in shared.items():

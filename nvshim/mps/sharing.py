@@ -319,7 +319,7 @@ def _parse_resource(path, where, entry: Any, mode: str, by_default: bool, warnin
     replicas = entry.get("replicas")
     if replicas is None:
         misspelt = [k for k in entry if did_you_mean(k, ("replicas",))]
-        hint = f" ({misspelt[0]!r} is not a key: did you mean replicas?)" if misspelt else ""
+        hint = f" ({misspelt[0]!r} is not a key: did you mean 'replicas'?)" if misspelt else ""
         raise _fail(path, f"{where}.replicas", f"missing: the number of replicas{hint}")
     if isinstance(replicas, bool) or not isinstance(replicas, int):
         raise _fail(path, f"{where}.replicas", f"must be an integer, got {_show(replicas)}")

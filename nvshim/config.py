@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from nvshim.defaults import DEFAULT_CONFIG, DEFAULT_RUNTIMES, PCIE_LEVELS
+from nvshim.defaults import CAPABILITIES, DEFAULT_CONFIG, DEFAULT_RUNTIMES, PCIE_LEVELS
 from nvshim.errors import NvshimError, did_you_mean
 from nvshim.record import field, fields, make, record, replace
 
@@ -62,6 +62,20 @@ def _netdev_name(value: str) -> str | None:
     """``[pairing] netdev-name``: a netdev name once ``%d`` is a number."""
     if value and (len(value.replace("%d", "0")) > 13 or any(c in value for c in "/=: \t")):
         return "is not a usable name pattern"
+    return None
+
+
+def _capabilities(value: str) -> str | None:
+    """``[policy] default-capabilities``: driver capabilities, comma-separated, or ``all``
+    (any case, as ``NVIDIA_DRIVER_CAPABILITIES``, which is read at use)."""
+    known = ("all", *CAPABILITIES)
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        return f"names no capability; known: {', '.join(known)}"
+    for name in names:
+        if name.lower() not in known:
+            hint = did_you_mean(name, known)
+            return f"names {name!r}, not a capability{hint}; known: {', '.join(known)}"
     return None
 
 
@@ -112,7 +126,7 @@ class PolicyConfig:
     cdi_annotation_prefixes: list[str] = key(["cdi.k8s.io/"])
     # where CDI names of other vendors are looked up (nvshim.policy.cdinames)
     cdi_spec_dirs: list[str] = key(["/etc/cdi", "/var/run/cdi"])
-    default_capabilities: str = "utility,compute"
+    default_capabilities: str = key("utility,compute", check=_capabilities)
     cdi_vendor: str = key("nvidia.com", check=_cdi_vendor)
     cdi_class: str = key("gpu", check=_cdi_class)
 

@@ -12,6 +12,10 @@ DEFAULT_CONFIG = "/etc/nvshim/config.toml"  # $NVSHIM_CONFIG names another
 # PCIe affinity levels (``nvidia-smi topo -m``), best first: nvshim.host.pcie ranks by
 # them, ``[pairing] worst-affinity`` names one
 PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+# Driver capabilities (NVIDIA_DRIVER_CAPABILITIES values) in canonical order: nvshim.policy
+# .capabilities reads the variable by them, ``[policy] default-capabilities`` names some
+CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
+DEFAULT_CAPABILITIES = ("utility", "compute")
 
 # Tests' fault injection (tests/test_runtime_faults.py): read once, from the environment
 # nvshim-runtime or nvshim-runtimed started with (an engine's, the unit's), never from a

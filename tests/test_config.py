@@ -82,6 +82,13 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
             "policy.cdi-vendor: 'nvidia com' is not a CDI vendor name: character \" \" is not",
         ),
         ('[policy]\ncdi-class = "1gpu"\n', "policy.cdi-class: '1gpu' is not a CDI class name"),
+        # default-capabilities: checked here, not warned about at each container
+        (
+            '[policy]\ndefault-capabilities = "utility,comptue"\n',
+            "policy.default-capabilities: 'utility,comptue' names 'comptue', not a capability"
+            " (did you mean 'compute'?); known: all, compute, utility, video, graphics,",
+        ),
+        ('[policy]\ndefault-capabilities = " , "\n', "default-capabilities: ' , ' names no"),
         (
             '[pairing]\nnetdev-name = "a-very-long-name%d"\n',
             "pairing.netdev-name: 'a-very-long-name%d' is not a usable name pattern",
@@ -210,3 +217,12 @@ def test_the_documented_keys_are_every_key_with_its_default():
     names = re.compile(r"^(\[\w+\]|[a-z-]+)(?= |$)", re.M)  # tables and keys
     assert names.findall(block) == names.findall(config_module.render_config(Config()))
     assert parse_config(block.encode(), "doc") == Config(path="doc")  # no warning either
+
+
+def test_default_capabilities_as_the_variable_takes_them(tmp_path):
+    """Any case, blanks, ``all``: what NVIDIA_DRIVER_CAPABILITIES accepts (read at use)."""
+    for value in ("ALL", " Video , compute", "compat32,ngx,display,graphics"):
+        path = tmp_path / "config.toml"
+        path.write_text(f'[policy]\ndefault-capabilities = "{value}"\n')
+        config = load_config(str(path))
+        assert config.policy.default_capabilities == value and config.warnings == []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nvshim.host.model import CAPABILITIES
+from nvshim.defaults import CAPABILITIES
 from nvshim.policy.capabilities import parse_capabilities
 
 DEFAULT = "utility,compute"

@@ -45,7 +45,7 @@ class SpecRequest:
         """Apply the config's defaults to the options; UsageError on a bad name."""
         from nvshim.cdi.names import validate_class, validate_vendor
         from nvshim.cdi.writer import DEFAULT_NAME_STRATEGIES, format_for
-        from nvshim.host.model import CAPABILITIES
+        from nvshim.defaults import CAPABILITIES
         from nvshim.policy.capabilities import parse_capabilities
 
         vendor = vendor or config.policy.cdi_vendor

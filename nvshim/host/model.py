@@ -13,10 +13,6 @@ TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
 if TYPE_CHECKING:
     from typing import Any
 
-# Driver capabilities (NVIDIA_DRIVER_CAPABILITIES values) in canonical order.
-CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
-DEFAULT_CAPABILITIES = ("utility", "compute")
-
 
 @record(frozen=True)
 class NodeInfo:

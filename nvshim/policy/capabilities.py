@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvshim.host.model import CAPABILITIES, DEFAULT_CAPABILITIES
+from nvshim.defaults import CAPABILITIES, DEFAULT_CAPABILITIES
 
 VARIABLE = "NVIDIA_DRIVER_CAPABILITIES"
 MAX_VALUE = 4096
@@ -16,8 +16,9 @@ def parse_capabilities(
     Unset or empty (or only commas and blanks) means ``default``; ``all`` means every
     capability. Names are case-insensitive. Unknown names are ignored and a warning is
     appended to ``warnings`` when given, naming ``source`` (where ``value`` came from); if
-    no known name is left, ``default`` applies. A ``default`` that names nothing known
-    falls back to ``utility,compute``.
+    no known name is left, ``default`` applies. ``default`` is the config's ``[policy]
+    default-capabilities``, checked when the config is loaded (``nvshim.config``); one
+    that names nothing known (a caller's own) falls back to ``utility,compute``.
     """
     if warnings is None:
         warnings = []

@@ -129,6 +129,100 @@ def all_commands(repo: str = REPO) -> list[Command]:
     return [c for path in pages(repo) for c in page_commands(path, repo)]
 
 
+# a program nvshim ships, where an inline code span starts: ``nvshim``, ``.venv/bin/nvshim``
+INLINE = re.compile(r"^(?:\.venv/bin/)?(nvshim|nvshim-hook|nvshim-runtimed)$")
+SPAN = re.compile(r"(?<!`)(`+)(?!`)((?:(?!\n\s*\n).)+?)(?<!`)\1(?!`)", re.DOTALL)
+# what makes a span a synopsis or a sketch rather than a command line
+SKETCH = re.compile(r"\.\.\.|…|<[^>]*>|\[|\||\\")
+
+
+SEPARATORS = {"&&", "||", ";", "|", "&"}
+REDIRECTS = {"<", ">", ">>", ">&", "<&", "&>"}
+
+
+def program_lines(text: str) -> list[tuple[str, list[str]]]:
+    """Each run of nvshim's programs in the shell line ``text`` that has a subcommand or an
+    option: (the part as written, its argv with the program's bare name first); ``&&``,
+    ``;``, ``|`` and ``&`` separate parts, redirections are left out, ``sudo`` dropped."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        return []
+    parts: list[list[str]] = [[]]
+    for token in tokens:
+        if token in SEPARATORS:
+            parts.append([])
+        else:
+            parts[-1].append(token)
+    out = []
+    for part in parts:
+        argv, skip = [], False
+        for at, token in enumerate(part):
+            if skip:
+                skip = False
+            elif token in REDIRECTS:
+                skip = True
+            elif not (token.isdigit() and part[at + 1 : at + 2] and part[at + 1] in REDIRECTS):
+                argv.append(token)
+        shown = " ".join(part)
+        argv = argv[1:] if argv[:1] == ["sudo"] else argv
+        program = INLINE.match(argv[0]) if argv else None
+        if program and len(argv) > 1:
+            out.append((shown, [program.group(1), *argv[1:]]))
+    return out
+
+
+def inline_spans(path: str, repo: str = REPO) -> list[Command]:
+    """The page's inline code spans outside fenced blocks (blanks folded)."""
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    fenced, inside = [], False
+    for line in lines:
+        opens = bool(FENCE.match(line))
+        fenced.append("" if inside or opens else line)
+        inside ^= opens
+    text = "\n".join(fenced)
+    page = os.path.relpath(path, repo)
+    return [
+        Command(page, text.count("\n", 0, found.start()) + 1, " ".join(found.group(2).split()))
+        for found in SPAN.finditer(text)
+    ]
+
+
+def inline_commands(path: str, repo: str = REPO) -> list[tuple[Command, list[str]]]:
+    """The runs of nvshim's programs (``program_lines``) in the page's inline code spans;
+    spans with ``...``, ``<x>``, ``[x]`` or ``a|b`` are synopses (``synopsis_lines``)."""
+    return [
+        (Command(span.page, span.line, shown), argv)
+        for span in inline_spans(path, repo)
+        if not SKETCH.search(span.text)
+        for shown, argv in program_lines(span.text)
+    ]
+
+
+def all_program_lines(repo: str = REPO) -> list[tuple[Command, list[str]]]:
+    """Every run of nvshim's programs in the pages: inline spans, and the lines of fenced
+    blocks (those the page says no test runs included)."""
+    out = [c for path in pages(repo) for c in inline_commands(path, repo)]
+    for command in all_commands(repo):
+        if not SKETCH.search(command.text):
+            out += [(command, argv) for _, argv in program_lines(command.text)]
+    return out
+
+
+def synopsis_lines(repo: str = REPO) -> list[Command]:
+    """The synopses of nvshim's programs in the pages (``nvshim cdi list [--json]``): spans
+    and fenced lines that start with a program and hold ``...``, ``<x>``, ``[x]`` or ``a|b``."""
+    found = [s for path in pages(repo) for s in inline_spans(path, repo)]
+    found += all_commands(repo)
+    return [
+        c for c in found
+        if SKETCH.search(c.text) and INLINE.match(c.text.split(" ", 1)[0]) and " " in c.text
+    ]  # fmt: skip
+
+
 def documented(page: str, prefix: str) -> str:
     """The one command of ``page`` (e.g. docs/install.md) that starts with ``prefix``, as
     written: for a test that runs it."""

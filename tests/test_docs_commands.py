@@ -14,14 +14,31 @@ Each synopsis of docs/commands.md's table has an example among the RUN or ELSEWH
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 from dataclasses import dataclass
 
+import click
 import pytest
 
+from nvshim.cli import cli
+from nvshim.errors import UsageError
+from nvshim.hook.args import IGNORED_FLAGS, STATE_OPTION, STEPS, HelpRequested, parse_args
 from tests.conftest import REPO
-from tests.docs_commands import Step, all_commands, page_commands, pages, run_sandbox, synopses
+from tests.docs_commands import (
+    INLINE,
+    Step,
+    all_commands,
+    all_program_lines,
+    inline_commands,
+    page_commands,
+    pages,
+    run_sandbox,
+    synopses,
+    synopsis_lines,
+)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox mounts (root)")
 
@@ -279,6 +296,178 @@ def test_each_synopsis_of_the_commands_table_has_an_example_run():
     run = [c.text for c in COMMANDS if c.reason is None]
     missing = [s for s in synopses() if not any(t.startswith(s) for t in run)]
     assert missing == []
+
+
+# a placeholder word of a command line in prose: FILE, DIR, NAME, N, CC:BRAND
+PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_:]*")
+
+
+def _resolve(cmd: click.Command, name: str, args: list[str]) -> list[str]:
+    """Parse ``args`` as click would run them, through the group chain, invoking nothing;
+    returns the hidden spellings used (nvidia-ctk's names: they work, but are not shown)."""
+    hidden, words = [], list(args)
+    ctx = cmd.make_context(name, list(args))
+    while True:
+        for param in cmd.params:
+            hides = getattr(param, "hidden", False)
+            unshown = [*getattr(param, "hidden_opts", ()), *(param.opts if hides else ())]
+            hidden += [w for w in words if w.split("=")[0] in unshown]
+        if not isinstance(cmd, click.Group):
+            return hidden
+        rest = [*ctx._protected_args, *ctx.args]
+        if not rest:
+            return hidden
+        name, cmd, words = cmd.resolve_command(ctx, rest)
+        hidden += [name] if cmd.hidden else []
+        ctx = cmd.make_context(name, list(words), parent=ctx)
+
+
+def parse_problem(argv: list[str]) -> str | None:
+    """Why the command line ``argv`` of nvshim, nvshim-hook or nvshim-runtimed would not
+    parse with the current CLI (None: it does). Prose may leave out an argument or an
+    option's value, and may write a placeholder (``--engine-config FILE``) for a value."""
+    from nvshim.runtimed.main import _command as runtimed
+
+    program, args = argv[0], argv[1:]
+    placeholders = [a for a in args if PLACEHOLDER.fullmatch(a)]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # --help, --version
+            if program == "nvshim-hook":
+                parse_args(args)
+            elif hidden := _resolve(cli if program == "nvshim" else runtimed(), program, args):
+                return f"{', '.join(hidden)}: nvidia-ctk's name (works, not shown): use nvshim's"
+    except (HelpRequested, click.exceptions.Exit, click.exceptions.NoArgsIsHelpError):
+        return None
+    except click.MissingParameter:
+        return None
+    except (click.UsageError, UsageError) as err:
+        message = err.format_message() if isinstance(err, click.UsageError) else str(err)
+        left_out = ("requires an argument", "missing argument")
+        if any(words in message for words in left_out):
+            return None
+        if isinstance(err, click.BadParameter) and any(f"'{p}'" in message for p in placeholders):
+            return None
+        return message
+    return None
+
+
+# where a page shows nvidia-ctk's spelling as such (docs/commands.md "Conventions")
+NVIDIA_CTK_NAMES = {
+    ("docs/coming-from-nvidia-toolkit.md", "nvshim runtime configure"),
+    ("docs/commands.md", "nvshim runtime configure"),
+}
+
+
+def test_every_command_line_in_the_pages_parses():
+    """A command line in prose or in a block (``nvshim doctor --only NAME``) names options
+    and commands the CLI has now, in nvshim's spelling: a renamed or removed one, or
+    nvidia-ctk's name outside the pages that show it as such, fails here, page:line named."""
+    lines = all_program_lines()
+    stale = [
+        f"{c.id}: {c.text}: {why}"
+        for c, argv in lines
+        if (c.page, c.text) not in NVIDIA_CTK_NAMES and (why := parse_problem(argv))
+    ]
+    assert stale == []
+    assert len(lines) > 100  # the pages were read
+
+
+def _option_names(cmd: click.Command, hidden: bool) -> set[str]:
+    """The option names of ``cmd`` and every command below it: the shown ones, or (with
+    ``hidden``) the spellings that work unshown."""
+    names: set[str] = set()
+    for param in cmd.params:
+        if isinstance(param, click.Option):
+            spellings = {*param.opts, *param.secondary_opts}
+            unshown = set(getattr(param, "hidden_opts", ())) | (
+                spellings if param.hidden else set()
+            )
+            names |= unshown if hidden else spellings - unshown
+    for sub in cmd.commands.values() if isinstance(cmd, click.Group) else ():
+        names |= _option_names(sub, hidden)
+    return names
+
+
+def synopsis_problem(text: str) -> str | None:
+    """Why the synopsis ``text`` (``nvshim cdi list [--json] [--cdi-dir DIR]...``) names an
+    option its command (or, for ``a|b``, its commands) does not show (None: it does not)."""
+    from nvshim.runtimed.main import _command as runtimed
+
+    words = text.replace("\\|", "|").split()
+    program = INLINE.match(words[0]).group(1)
+    named = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w.-]*)", " ".join(words[1:])))
+    if program == "nvshim-hook":
+        shown = {"--config", "--log-format", "-h", "--help", "--version", *IGNORED_FLAGS}
+        shown |= {*STATE_OPTION, *(o for _, options, _ in STEPS.values() for o in options)}
+        shown |= {"--ldconfig-path"}
+    else:
+        cmd: click.Command = cli if program == "nvshim" else runtimed()
+        shown = _option_names(cmd, hidden=False) if cmd is not cli else set()
+        for word in words[1:]:
+            sub = (
+                cmd.get_command(click.Context(cmd), word) if isinstance(cmd, click.Group) else None
+            )
+            if sub is None:
+                break
+            shown |= {o for p in cmd.params if isinstance(p, click.Option) for o in p.opts}
+            cmd = sub
+        shown |= _option_names(cmd, hidden=False) | {"-h", "--help", "--version"}
+        shown |= {o for p in cli.params if isinstance(p, click.Option) for o in p.opts}
+    unknown = sorted(named - shown)
+    return f"{', '.join(unknown)}: not an option it shows" if unknown else None
+
+
+def test_every_option_a_synopsis_names_is_one_its_command_shows():
+    found = synopsis_lines()
+    stale = [f"{c.id}: {c.text}: {why}" for c in found if (why := synopsis_problem(c.text))]
+    assert stale == []
+    assert len(found) > 20 and any(c.text.startswith("nvshim doctor [--json]") for c in found)
+
+
+def test_a_stale_synopsis_is_found():
+    assert synopsis_problem("nvshim cdi list [--json] [--cdi-dir DIR]...") is None
+    assert synopsis_problem("nvshim mps start\\|stop\\|status [--gpu ID]... [--json]") is None
+    assert synopsis_problem("nvshim cdi list [--spec-dir DIR]...") == (
+        "--spec-dir: not an option it shows"
+    )
+    assert synopsis_problem("nvshim doctor [--check NAME]...") == "--check: not an option it shows"
+    assert synopsis_problem("nvshim-runtimed [--workers N] [--verbose]") is None
+    assert synopsis_problem("nvshim-runtimed [--worker N]") == "--worker: not an option it shows"
+    assert synopsis_problem("nvshim-hook update-ldcache [--folder DIR]...") is None
+    assert synopsis_problem("nvshim-hook [--foldr DIR] ...") == "--foldr: not an option it shows"
+
+
+def test_a_stale_command_line_is_found(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text(
+        "Run `nvshim doctor --check engine-loaded` or `nvshim doctor --json`, then\n"
+        "`sudo nvshim configure --engine dockr` and `.venv/bin/nvshim-hook prestat`;\n"
+        "`nvshim configure --engine E --engine-config FILE` is fine, `nvshim mps start\n"
+        "--gpu 0 && nvshim mps status --jsn` is not. `nvshim cdi lst`, `nvshim-runtimed\n"
+        "--worker 2`, `nvshim-hook prestart < state.json`, `nvshim exporter 2>/dev/null &`.\n"
+        "Skipped: `nvshim cdi validate FILE...`, `nvshim <cmd>`, `nvshim`, `nvshim-runtime x`.\n"
+        "```sh\nnvshim --bogus\n```\n"
+    )
+    found = {(c.line, c.text): parse_problem(argv) for c, argv in inline_commands(str(page))}
+    assert list(found) == [
+        (1, "nvshim doctor --check engine-loaded"), (1, "nvshim doctor --json"),
+        (2, "sudo nvshim configure --engine dockr"), (2, ".venv/bin/nvshim-hook prestat"),
+        (3, "nvshim configure --engine E --engine-config FILE"), (3, "nvshim mps start --gpu 0"),
+        (3, "nvshim mps status --jsn"), (4, "nvshim cdi lst"), (4, "nvshim-runtimed --worker 2"),
+        (5, "nvshim-hook prestart < state.json"), (5, "nvshim exporter 2 > /dev/null"),
+    ]  # fmt: skip
+    assert [line for line, why in found.items() if why is None] == [
+        (1, "nvshim doctor --json"),
+        (3, "nvshim configure --engine E --engine-config FILE"),
+        (3, "nvshim mps start --gpu 0"),
+        (5, "nvshim-hook prestart < state.json"),
+        (5, "nvshim exporter 2 > /dev/null"),
+    ]
+    assert "--check: nvidia-ctk's name" in found[1, "nvshim doctor --check engine-loaded"]
+    assert "'dockr' is not one of" in found[2, "sudo nvshim configure --engine dockr"]
+    assert "no such step 'prestat'" in found[2, ".venv/bin/nvshim-hook prestat"]
+    assert "No such option '--jsn'" in found[3, "nvshim mps status --jsn"]
+    assert "No such command 'lst'" in found[4, "nvshim cdi lst"]
 
 
 def test_reading_a_page(tmp_path):

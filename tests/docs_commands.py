@@ -129,8 +129,9 @@ def all_commands(repo: str = REPO) -> list[Command]:
     return [c for path in pages(repo) for c in page_commands(path, repo)]
 
 
-# a program nvshim ships, where an inline code span starts: ``nvshim``, ``.venv/bin/nvshim``
-INLINE = re.compile(r"^(?:\.venv/bin/)?(nvshim|nvshim-hook|nvshim-runtimed)$")
+# a program nvshim ships, by name or path: ``nvshim``, ``.venv/bin/nvshim``, ``/opt/...``
+INLINE = re.compile(r"^(?:\S*/)?(nvshim|nvshim-hook|nvshim-runtimed)$")
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 SPAN = re.compile(r"(?<!`)(`+)(?!`)((?:(?!\n\s*\n).)+?)(?<!`)\1(?!`)", re.DOTALL)
 # what makes a span a synopsis or a sketch rather than a command line
 SKETCH = re.compile(r"\.\.\.|…|<[^>]*>|\[|\||\\")
@@ -143,7 +144,8 @@ REDIRECTS = {"<", ">", ">>", ">&", "<&", "&>"}
 def program_lines(text: str) -> list[tuple[str, list[str]]]:
     """Each run of nvshim's programs in the shell line ``text`` that has a subcommand or an
     option: (the part as written, its argv with the program's bare name first); ``&&``,
-    ``;``, ``|`` and ``&`` separate parts, redirections are left out, ``sudo`` dropped."""
+    ``;``, ``|`` and ``&`` separate parts, redirections are left out, and so are ``sudo``,
+    ``chroot DIR`` and variables set before the program."""
     lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:
@@ -167,7 +169,8 @@ def program_lines(text: str) -> list[tuple[str, list[str]]]:
             elif not (token.isdigit() and part[at + 1 : at + 2] and part[at + 1] in REDIRECTS):
                 argv.append(token)
         shown = " ".join(part)
-        argv = argv[1:] if argv[:1] == ["sudo"] else argv
+        while argv and (argv[0] in ("sudo", "chroot") or ASSIGNMENT.match(argv[0])):
+            argv = argv[2:] if argv[0] == "chroot" else argv[1:]
         program = INLINE.match(argv[0]) if argv else None
         if program and len(argv) > 1:
             out.append((shown, [program.group(1), *argv[1:]]))

@@ -445,6 +445,7 @@ def test_a_stale_command_line_is_found(tmp_path):
         "`nvshim configure --engine E --engine-config FILE` is fine, `nvshim mps start\n"
         "--gpu 0 && nvshim mps status --jsn` is not. `nvshim cdi lst`, `nvshim-runtimed\n"
         "--worker 2`, `nvshim-hook prestart < state.json`, `nvshim exporter 2>/dev/null &`.\n"
+        "`X=1 chroot /host /opt/nvshim/bin/nvshim info --jsn`.\n"
         "Skipped: `nvshim cdi validate FILE...`, `nvshim <cmd>`, `nvshim`, `nvshim-runtime x`.\n"
         "```sh\nnvshim --bogus\n```\n"
     )
@@ -455,6 +456,7 @@ def test_a_stale_command_line_is_found(tmp_path):
         (3, "nvshim configure --engine E --engine-config FILE"), (3, "nvshim mps start --gpu 0"),
         (3, "nvshim mps status --jsn"), (4, "nvshim cdi lst"), (4, "nvshim-runtimed --worker 2"),
         (5, "nvshim-hook prestart < state.json"), (5, "nvshim exporter 2 > /dev/null"),
+        (6, "X=1 chroot /host /opt/nvshim/bin/nvshim info --jsn"),
     ]  # fmt: skip
     assert [line for line, why in found.items() if why is None] == [
         (1, "nvshim doctor --json"),
@@ -468,6 +470,9 @@ def test_a_stale_command_line_is_found(tmp_path):
     assert "no such step 'prestat'" in found[2, ".venv/bin/nvshim-hook prestat"]
     assert "No such option '--jsn'" in found[3, "nvshim mps status --jsn"]
     assert "No such command 'lst'" in found[4, "nvshim cdi lst"]
+    assert (
+        "No such option '--jsn'" in found[6, "X=1 chroot /host /opt/nvshim/bin/nvshim info --jsn"]
+    )
 
 
 def test_reading_a_page(tmp_path):

@@ -308,6 +308,23 @@ def test_usage_errors_a_command_raises_end_as_the_parser_s(tmp_path):
         line = _one_error(proc, "nvshim", words)
         assert line.endswith(f"; try '{command} --help'"), line
     assert not os.path.exists(config)
+    assert cases[0][0].stderr.strip() in _message_examples()
+
+
+def _message_examples() -> list[str]:
+    """The lines of docs/commands.md's "Messages" example block."""
+    page = open(COMMANDS_PAGE).read().split("**Messages.**", 1)[1]
+    return page.split("```\n", 2)[1].splitlines()
+
+
+def test_the_documented_messages_are_the_programs_own(launchers):
+    shown = [
+        run_nvshim("configure", "--dry-ru").stderr.strip(),
+        _run([f"{launchers}/nvshim-hook", "prestat"]).stderr.strip(),
+        _run([f"{launchers}/nvshim-runtimed", "--workers", "0"]).stderr.strip(),
+    ]
+    for line in shown:
+        assert line in _message_examples(), line
 
 
 def test_usage_errors_name_the_flag_or_variable():

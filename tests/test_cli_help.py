@@ -302,6 +302,8 @@ def test_usage_errors_a_command_raises_end_as_the_parser_s(tmp_path):
                     "--nvidia-runtime-name", "runc"), "nvshim runtime configure", "runc"),
         (run_nvshim("--quiet", "unconfigure", "--engine", "docker", "--runtime-name", "a b"),
          "nvshim unconfigure", "--runtime-name 'a b'"),
+        (run_nvshim("doctor", "--only", "engine-loadd"), "nvshim doctor",
+         "--only engine-loadd: no such check (did you mean 'engine-loaded'?); known: driver,"),
     ]  # fmt: skip
     for proc, command, words in cases:
         assert proc.returncode == 2, (command, proc.stderr)

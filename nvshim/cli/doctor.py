@@ -72,11 +72,13 @@ def context_options(func):
 def doctor(as_json, only, make_context) -> None:
     """Check the driver, device nodes, engine, CDI specs and sharing; exit 1 if any fails."""
     from nvshim.doctor import exit_code, load_checks, run_checks
-    from nvshim.errors import UsageError
+    from nvshim.errors import UsageError, did_you_mean
 
-    unknown = [n for n in only if n not in load_checks()]
+    checks = load_checks()
+    unknown = [n for n in only if n not in checks]
     if unknown:
-        raise UsageError(f"--only {unknown[0]}: no such check ({', '.join(load_checks())})")
+        hint = did_you_mean(unknown[0], checks)
+        raise UsageError(f"--only {unknown[0]}: no such check{hint}; known: {', '.join(checks)}")
     results = run_checks(make_context(), tuple(only))
     code = exit_code(results)
     if as_json:

@@ -10,8 +10,11 @@ nvshim-runtime runs twice: served by ``nvshim-runtimed`` (as installed; the daem
 and its workers' CPU is counted) and alone, in the client's process.
 
 ``--previous DIR`` adds a case: the nvshim package of another checkout (an earlier
-version) with its own launchers. Its ``createContainer`` hook, where it has one, runs
-under the container's init, so its CPU is not counted there.
+version) with its own launchers, served by its own daemon. Its ``createContainer`` hook,
+where it has one, runs under the container's init, so its CPU is not counted there.
+
+"bare runc, nvshim's edits" is runc creating bundles nvshim edited beforehand (not
+timed, no finishing steps): what the GPU's mounts cost runc itself in the burst.
 
 Run as root: ``.venv/bin/python3 bench/concurrent_create.py [--containers N] [--rounds R]
 [--previous DIR]``.
@@ -20,6 +23,7 @@ Run as root: ``.venv/bin/python3 bench/concurrent_create.py [--containers N] [--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -32,7 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.creates import RUNC, daemon_cpu, installed, running_daemon  # noqa: E402
+from bench.creates import RUNC, daemon_cpu, edited_bundle, installed, running_daemon  # noqa: E402
 from nvshim.launch import real_interpreter  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.runc_util import make_bundle  # noqa: E402
@@ -46,10 +50,12 @@ def children_cpu() -> float:
 
 def batch(
     work: str, runtime: str, env: dict[str, str], golden: str, n: int, gpu: bool, tag: str,
-    daemon: int | None = None,
+    daemon: int | None = None, edits: dict[str, str] | None = None,
 ):  # fmt: skip
     """Create ``n`` containers at once; (wall seconds, CPU seconds per create, counting
-    the daemon ``daemon`` too). The containers are deleted afterwards (not timed)."""
+    the daemon ``daemon`` too). ``edits``: nvshim's environment, to have each bundle
+    edited for its GPU beforehand (not timed: ``runtime`` is then bare runc). The
+    containers are deleted afterwards (not timed)."""
     state = os.path.join(work, f"state-{tag}")
     request = {"NVIDIA_VISIBLE_DEVICES": "0"} if gpu else {}
     bundles = []
@@ -57,6 +63,8 @@ def batch(
         rootfs = os.path.join(work, f"{tag}-{i}", "rootfs")
         shutil.copytree(golden, rootfs, symlinks=True)
         bundles.append(make_bundle(os.path.dirname(rootfs), rootfs, ["/bin/true"], env=request))
+        if edits is not None:
+            edited_bundle(bundles[-1], f"{tag}-{i}", edits)
     out = open(os.path.join(work, f"{tag}.out"), "w")  # created processes keep it open
     cpu = children_cpu() + (daemon_cpu(daemon) if daemon else 0.0)
     start = time.perf_counter()
@@ -94,14 +102,16 @@ def batch(
 
 def measure(w: str, cases: dict, golden: str, opts) -> dict[str, list[tuple[float, float]]]:
     """Each case's (wall, CPU per create) per round, the cases taking turns."""
-    for runtime, env, gpu, pid in cases.values():  # warm the inventory and config caches
+    for runtime, env, gpu, pid, edits in cases.values():  # warm the inventory and config caches
         if gpu:
-            batch(w, runtime, env, golden, 2, True, "warm", pid)
+            batch(w, runtime, env, golden, 2, True, "warm", pid, edits)
     figures: dict[str, list[tuple[float, float]]] = {c: [] for c in cases}
     for r in range(opts.rounds):
-        for n, (case, (binary, env, gpu, pid)) in enumerate(cases.items()):
+        for n, (case, (binary, env, gpu, pid, edits)) in enumerate(cases.items()):
             tag = f"r{r}c{n}"
-            figures[case].append(batch(w, binary, env, golden, opts.containers, gpu, tag, pid))
+            figures[case].append(
+                batch(w, binary, env, golden, opts.containers, gpu, tag, pid, edits)
+            )
     return figures
 
 
@@ -114,16 +124,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as w:
         sim = build_host("single", os.path.join(w, "host"))
         golden = make_busybox_rootfs(os.path.join(w, "golden"))
-        served = installed(w, "served", REPO, sim)
-        with running_daemon(os.path.dirname(served[0]), served[1]) as daemon:
+        served, alone = installed(w, "served", REPO, sim), installed(w, "alone", REPO, sim)
+        plain = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        with contextlib.ExitStack() as stack:
+            daemon = stack.enter_context(running_daemon(os.path.dirname(served[0]), served[1]))
             cases = {
-                "bare runc, no GPU": (RUNC, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, False, None),
-                "nvshim-runtime + daemon, 1 GPU": (*served, True, daemon.pid),
-                "nvshim-runtime alone, 1 GPU": (*installed(w, "alone", REPO, sim), True, None),
+                "bare runc, no GPU": (RUNC, plain, False, None, None),
+                "bare runc, nvshim's edits": (RUNC, plain, True, None, served[1]),
+                "nvshim-runtime + daemon, 1 GPU": (*served, True, daemon.pid, None),
+                "nvshim-runtime alone, 1 GPU": (*alone, True, None, None),
             }
-            if opts.previous:
+            if opts.previous:  # served by its own daemon, as this tree's
                 previous = installed(w, "previous", os.path.abspath(opts.previous), sim)
-                cases["previous nvshim, 1 GPU"] = (*previous, True, None)
+                theirs = stack.enter_context(
+                    running_daemon(os.path.dirname(previous[0]), previous[1])
+                )
+                cases["previous nvshim + daemon, 1 GPU"] = (*previous, True, theirs.pid, None)
             figures = measure(w, cases, golden, opts)
         start = time.perf_counter()
         subprocess.run([real_interpreter(), "-IS", "-c", "pass"], check=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -207,16 +208,22 @@ def test_the_callers_umask_applies_and_the_workers_comes_back(creates, daemon): 
 # -- no caller waits on another's call ----------------------------------------------------
 
 
-@pytest.mark.parametrize("shell", list(SHELLS))
-def test_a_silent_daemon_costs_the_front_its_deadline_then_python(creates, shell):  # noqa: F811
+@pytest.mark.parametrize("shell", [*SHELLS, "another-sh"])
+def test_a_silent_daemon_costs_the_front_its_deadline_then_python(creates, shell, tmp_path):  # noqa: F811
     """A stand-in that takes the request and never answers: the front gives up after
-    ACK_WAIT seconds, says so (``n``), and Python does the call."""
+    ACK_WAIT seconds, says so (``n``), and Python does the call. Each shell's deadline:
+    bash's ``read -t``, a sleep's SIGCHLD for dash and busybox, a watchdog subshell for a
+    shell the front does not know (``another-sh``: dash at another path)."""
+    if shell == "another-sh":
+        argv = [shutil.copy(shutil.which("dash"), tmp_path / "another-sh")]
+    else:
+        argv = SHELLS[shell]
     stand_in = StandIn(creates)
     warm(creates)
     bundle, cid = bundle_for(creates, "silent")
     thread, heard = stand_in.serve([], hold=ACK_WAIT + 8)
     began = time.monotonic()
-    proc = run_front(creates, SHELLS[shell], "create", "--bundle", bundle, cid, cid=cid)
+    proc = run_front(creates, argv, "create", "--bundle", bundle, cid, cid=cid)
     took = time.monotonic() - began
     k = int(heard[0].split()[0])
     said = os.read(stand_in.slots.fds[k][1], 64)

@@ -143,19 +143,33 @@ row() {{
 run() {{ ( exec 2>&7 7>&-; exec "$@" ); }}
 talk() {{
   printf '%s %s\\n' "$$" "$#" >&6
-  # the daemon has {ACK_WAIT} s to take the call (a stopped or hung one: Python does it);
-  # the watchdog writes t, killed with its sleep once an answer came (the sleep holds no
-  # FIFO: one a kill missed, between its fork and p=, only sleeps out its time)
-  (trap 'kill "$p" 2>/dev/null; exit 0' TERM
-    "$w" {ACK_WAIT} >/dev/null & p=$!; wait "$p" && echo {TIMEOUT}
-  ) </dev/null >"$d/$k.r" 2>/dev/null {REPLY_FD}<&- 6>&- &
-  q=$!
-  IFS= read -r a <&{REPLY_FD} || a=
-  kill "$q" 2>/dev/null
+  # the daemon has {ACK_WAIT} s to take the call (a stopped or hung one: Python does it):
+  # bash's read has a timeout; dash's and busybox's stops for a trapped signal, here the
+  # SIGCHLD of a sleep's exit (killed once an answer came; it holds no FIFO); in another
+  # shell a watchdog writes t, killed with its sleep once an answer came (a sleep a kill
+  # missed, between its fork and p=, only sleeps out its time)
+  if [ -n "${{BASH_VERSION-}}" ]; then
+    IFS= read -r -t {ACK_WAIT} a <&{REPLY_FD} || a=
+  elif [ /proc/$$/exe -ef /bin/dash ] || [ /proc/$$/exe -ef /bin/busybox ] ||
+    [ /proc/$$/exe -ef /usr/bin/busybox ]; then
+    trap : CHLD
+    "$w" {ACK_WAIT} </dev/null >/dev/null 2>&1 {REPLY_FD}<&- 6>&- &
+    q=$!
+    IFS= read -r a <&{REPLY_FD} || a=
+    trap - CHLD
+    kill "$q" 2>/dev/null
+  else
+    (trap 'kill "$p" 2>/dev/null; exit 0' TERM
+      "$w" {ACK_WAIT} >/dev/null & p=$!; wait "$p" && echo {TIMEOUT}
+    ) </dev/null >"$d/$k.r" 2>/dev/null {REPLY_FD}<&- 6>&- &
+    q=$!
+    IFS= read -r a <&{REPLY_FD} || a=
+    kill "$q" 2>/dev/null
+  fi
   case $a in
   {ACCEPTED}) echo {GO} >&6 ;;
   {DECLINED}) echo {DONE} >&6; return 0 ;;
-  {TIMEOUT}) echo {NO} >&6; return 0 ;;
+  ''|{TIMEOUT}) echo {NO} >&6; return 0 ;;  # no answer in time (or the daemon went)
   *) return 0 ;;
   esac
   r=

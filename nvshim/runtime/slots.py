@@ -17,9 +17,11 @@ front (``nvshim.runtime.front``, function ``srv``)
    waits), so that a daemon that is gone reads as end of file, never as a hang;
 3. writes ``PID NARGS`` to ``K.u``: the parent reads it and hands the slot to a worker
    (or declines it when every worker stays busy, no more may be added, for ``QUEUE_WAIT``);
-4. waits ``ACK_WAIT`` seconds at most for the first answer: a watchdog subshell (killed,
-   with its ``sleep``, once an answer came) writes ``t`` to ``K.r``; on ``t`` the front
-   writes ``n`` to ``K.u`` and Python does the call (a stopped or hung daemon);
+4. waits ``ACK_WAIT`` seconds at most for the first answer (bash: ``read -t``; dash and
+   busybox sh: a ``sleep`` whose exit, a trapped SIGCHLD, stops the ``read``; another
+   shell: a watchdog subshell, killed with its ``sleep`` once an answer came, writes ``t``
+   to ``K.r``); with no answer in time (or end of file) the front writes ``n`` to ``K.u``
+   and Python does the call (a stopped or hung daemon);
 5. follows the answers on ``K.r``, one a line:
    ``a`` the worker took the call: the front writes ``y`` to ``K.u``, and only then does
    the worker act (so a front that gave up and a worker that took the call never both
@@ -59,7 +61,7 @@ from nvshim.runtime.lowlevel import LowLevel
 SLOTS = 128
 REPLY_FD = 5  # where the front holds K.r while it talks (checked by the worker)
 ACCEPTED, DECLINED, LOST, EXEC, SPAWN, EXIT, DONE = "a", "f", "l", "x", "s", "e", "d"
-GO, NO, TIMEOUT = "y", "n", "t"  # front -> worker after "a"; the front's watchdog's line
+GO, NO, TIMEOUT = "y", "n", "t"  # front -> worker after "a"; a watchdog subshell's line
 ACK_WAIT = 2  # whole seconds (POSIX sleep) the front waits for the first answer
 GO_WAIT = 10.0  # seconds a worker waits for the front's "y" after its "a"
 STALE_CLAIM = 10.0  # seconds a claim may wait for its request before its pid is checked

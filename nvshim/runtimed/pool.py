@@ -27,7 +27,10 @@ class Limits:
     """The pool's size and timeouts (the command's options)."""
 
     workers: int = 2  # kept ready
-    max_workers: int = 64  # added while all are busy
+    # added while all are busy: as many as there are slots, so a burst the slots take
+    # is served rather than declined while runc holds every worker (each idle one is a
+    # fork of the parent: about 1.5 MB of its own)
+    max_workers: int = SLOTS
     idle_timeout: float = 60.0  # an extra worker idle this long is retired
     call_timeout: float = 300.0  # a call busy this long is killed (kubelet gives up at 120 s)
     marker_sweep: float = 60.0  # seconds between sweeps of the exec markers
@@ -243,9 +246,12 @@ class Pool:
                 say(2, f"worker {pid}: a call busy for {limits.call_timeout:g} s, killed")
                 os.kill(pid, signal.SIGKILL)
         idle = [p for p, w in live.items() if w.busy_since is None and not w.slots]
-        if len(live) < limits.workers or (not idle and len(self.workers) < limits.max_workers):
+        # one worker short, or one for each queued slot no idle worker can take: a burst
+        # gets its workers in one pass, not one per wake-up
+        wanted = max(limits.workers - len(live), len(self.pending) - len(idle), not idle)
+        for _ in range(min(wanted, limits.max_workers - len(self.workers))):
             self.spawn()
-        elif len(live) > limits.workers:
+        if wanted <= 0 and len(live) > limits.workers:
             for pid in idle[: len(live) - limits.workers]:
                 if now - live[pid].idle_since > limits.idle_timeout:
                     self.retire(pid)

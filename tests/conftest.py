@@ -4,6 +4,7 @@ nvshim config pointing at a simulated host."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,10 @@ _GUARD = HostGuard()
 
 def pytest_configure(config):
     """The suite runs in a private mount namespace where the host's nvshim paths are
-    empty directories of its own; they must still be empty at the end."""
+    empty directories of its own; they must still be empty at the end. SIGHUP is
+    restored to its default: the engines the suite starts inherit it, and a suite run
+    under nohup would otherwise start a containerd that a signal restart cannot restart."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     _GUARD.enter()
 
 

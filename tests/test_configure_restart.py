@@ -89,6 +89,33 @@ def test_signal_restarts_the_daemon_on_the_socket_and_no_other(tmp_path, capsys)
         assert b.pid == pid_b
 
 
+@needs_containerd
+def test_signal_refuses_a_daemon_that_ignores_sighup(tmp_path, capsys):
+    """A containerd started under nohup ignores SIGHUP: the signal would leave the old
+    configuration running, so the restart says so and points at the service manager."""
+    config = tmp_path / "config.toml"
+    config.write_text(cri_ready_config(V16, tmp_path / "scratch", "registry.k8s.io/pause:3.6"))
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does
+    try:
+        daemon = private_containerd(tmp_path, config)
+        ctd = daemon.__enter__()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    try:
+        pid = ctd.pid
+        code, out, err = nvshim(
+            capsys, "configure", "--engine", "containerd", "--engine-config", str(config),
+            "--restart", "signal", "--socket", ctd.socket,
+        )  # fmt: skip
+        assert code == 1, out
+        assert f"containerd (pid {pid}), the owner of {ctd.socket}, ignores SIGHUP" in err
+        assert "--restart systemd" in err and err.count("\n") == 1
+        assert ctd.pid == pid  # not signalled, still serving
+        assert "nvshim" not in ctd.cri_config()["containerd"]["runtimes"]
+    finally:
+        daemon.__exit__(None, None, None)
+
+
 _FAKE_DAEMON = """
 import os, signal, socket, sys, time
 path, log = sys.argv[1], sys.argv[2]

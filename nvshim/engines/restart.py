@@ -64,16 +64,46 @@ def _process_name(pid: int) -> str:
         return "?"
 
 
+def ignores_sighup(status: str) -> bool:
+    """Whether a ``/proc/PID/status`` text shows SIGHUP ignored (``SigIgn``: a process
+    started under ``nohup`` keeps it so, and a SIGHUP then changes nothing)."""
+    for line in status.splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGHUP - 1)))
+    return False
+
+
 def send_sighup(s: Settings) -> str:
-    """SIGHUP the owner of ``s.socket``; return a sentence saying so."""
+    """SIGHUP the owner of ``s.socket`` (held through a pidfd from the look at its
+    signal mask to the signal); return a sentence saying so. An owner that ignores
+    SIGHUP is refused: the signal would leave the old configuration running."""
     pid, _, _ = socket_owner(s.socket)
     name = _process_name(pid)
+    gone = f"{s.socket}: its owner (pid {pid}) exited before the signal"
     try:
-        os.kill(pid, signal.SIGHUP)
+        pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        raise NvshimError(f"{s.socket}: its owner (pid {pid}) exited before the signal") from None
+        raise NvshimError(gone) from None
+    try:
+        try:
+            with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as fh:
+                status = fh.read()
+            signal.pidfd_send_signal(pidfd, 0)  # still the process the status was read of
+        except (FileNotFoundError, ProcessLookupError):
+            raise NvshimError(gone) from None
+        if ignores_sighup(status):
+            raise NvshimError(
+                f"{name} (pid {pid}), the owner of {s.socket}, ignores SIGHUP (started under"
+                " nohup?), so a signal would not apply the change: restart it through its"
+                " service manager (--restart systemd) or by hand"
+            )
+        signal.pidfd_send_signal(pidfd, signal.SIGHUP)
+    except ProcessLookupError:
+        raise NvshimError(gone) from None
     except PermissionError:
         raise NvshimError(f"cannot signal {name} (pid {pid}): permission denied") from None
+    finally:
+        os.close(pidfd)
     return f"sent SIGHUP to {name} (pid {pid}), the owner of {s.socket}: {ON_SIGHUP[s.engine]}"
 
 

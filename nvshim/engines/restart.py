@@ -1,7 +1,7 @@
 """Make the engine pick up its new configuration.
 
-``signal`` sends SIGHUP to the process that owns the configured socket (found with
-SO_PEERCRED, so with several daemons on a node the right one is signalled); ``systemd``
+``signal`` sends SIGHUP to the process that owns the configured socket (pinned through
+the connection, so with several daemons on a node the right one is signalled); ``systemd``
 restarts the engine's unit. Both say what they did.
 """
 
@@ -16,7 +16,7 @@ import subprocess
 
 from nvshim.engines.settings import Settings
 from nvshim.errors import NvshimError
-from nvshim.trusted import peer_credentials
+from nvshim.trusted import peer_credentials, peer_pidfd
 
 # What each engine does with SIGHUP.
 ON_SIGHUP = {
@@ -33,8 +33,8 @@ WHY_RESTART = {
 }
 
 
-def socket_owner(path: str) -> tuple[int, int, int]:
-    """``(pid, uid, gid)`` of the process listening on the unix socket ``path``."""
+def _connect(path: str) -> socket.socket:
+    """A unix stream socket connected to ``path`` (the engine's socket); clear errors."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -45,15 +45,39 @@ def socket_owner(path: str) -> tuple[int, int, int]:
         raise NvshimError(f"{path}: {err.strerror}") from None
     if not stat.S_ISSOCK(mode):
         raise NvshimError(f"{path}: not a unix socket")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        try:
-            conn.connect(path)
-        except OSError as err:
-            raise NvshimError(f"{path}: cannot connect: {err.strerror}") from None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError as err:
+        conn.close()
+        raise NvshimError(f"{path}: cannot connect: {err.strerror}") from None
+    return conn
+
+
+def socket_owner(path: str) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process listening on the unix socket ``path``."""
+    with _connect(path) as conn:
         pid, uid, gid = peer_credentials(conn)
     if pid <= 0:
         raise NvshimError(f"{path}: the kernel reported no peer process")
     return pid, uid, gid
+
+
+def pinned_socket_owner(path: str) -> tuple[int, int]:
+    """``(pidfd, pid)`` of the process listening on ``path``, held from the connection
+    on: ``SO_PEERPIDFD`` where the kernel has it (Linux 6.5), else a pidfd of
+    ``SO_PEERCRED``'s pid opened while still connected. The caller closes the pidfd."""
+    with _connect(path) as conn:
+        pid = peer_credentials(conn)[0]
+        pidfd = peer_pidfd(conn)
+        if pidfd is None and pid > 0:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                pass
+    if pidfd is None or pid <= 0:
+        raise NvshimError(f"{path}: its owner (pid {pid}) exited, or the kernel named none")
+    return pidfd, pid
 
 
 def _process_name(pid: int) -> str:
@@ -74,21 +98,17 @@ def ignores_sighup(status: str) -> bool:
 
 
 def send_sighup(s: Settings) -> str:
-    """SIGHUP the owner of ``s.socket`` (held through a pidfd from the look at its
-    signal mask to the signal); return a sentence saying so. An owner that ignores
-    SIGHUP is refused: the signal would leave the old configuration running."""
-    pid, _, _ = socket_owner(s.socket)
-    name = _process_name(pid)
+    """SIGHUP the owner of ``s.socket`` (held through a pidfd from the connection to the
+    signal); return a sentence saying so. An owner that ignores SIGHUP is refused: the
+    signal would leave the old configuration running."""
+    pidfd, pid = pinned_socket_owner(s.socket)
     gone = f"{s.socket}: its owner (pid {pid}) exited before the signal"
     try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        raise NvshimError(gone) from None
-    try:
         try:
+            name = _process_name(pid)
             with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as fh:
                 status = fh.read()
-            signal.pidfd_send_signal(pidfd, 0)  # still the process the status was read of
+            signal.pidfd_send_signal(pidfd, 0)  # still the process /proc was read of
         except (FileNotFoundError, ProcessLookupError):
             raise NvshimError(gone) from None
         if ignores_sighup(status):

@@ -15,6 +15,7 @@ from nvshim.hook.cudacompat import CONF_FILE
 from nvshim.ldcache import parse_ld_cache
 from tests.compat_util import build_compat_library
 from tests.conftest import REPO
+from tests.docs_commands import page_commands
 from tests.podman_util import make_busybox_rootfs
 from tests.runc_util import (
     HOOK_TEST_ENV,
@@ -30,11 +31,9 @@ LIB = "usr/lib/x86_64-linux-gnu"
 
 
 def hook_lines(page: str) -> list[str]:
-    """The ``nvshim-hook`` lines of the page's ```sh blocks, comments dropped."""
-    with open(os.path.join(REPO, "docs", page), encoding="utf-8") as fh:
-        blocks = re.findall(r"```sh\n(.*?)```", fh.read(), re.S)
-    lines = [line.split(" #", 1)[0].strip() for block in blocks for line in block.splitlines()]
-    return [line for line in lines if line.startswith("nvshim-hook ")]
+    """The ``nvshim-hook`` commands of the page, as tests/docs_commands.py reads them."""
+    path = os.path.join(REPO, "docs", page)
+    return [c.text for c in page_commands(path) if c.text.startswith("nvshim-hook ")]
 
 
 def test_the_examples_run_as_written(tmp_path, launchers):

@@ -79,18 +79,16 @@ def _capabilities(value: str) -> str | None:
     return None
 
 
-def _cdi_vendor(value: str) -> str | None:
-    from nvshim.cdi.names import why_invalid
+def _cdi_name(part: str):
+    """The check of a key holding the CDI name part ``part`` (``vendor``, ``class``)."""
 
-    reason = why_invalid("vendor", value)
-    return reason and f"is not a CDI vendor name: {reason}"
+    def check(value: str) -> str | None:
+        from nvshim.cdi.names import why_invalid
 
+        reason = why_invalid(part, value)
+        return reason and f"is not a CDI {part} name: {reason}"
 
-def _cdi_class(value: str) -> str | None:
-    from nvshim.cdi.names import why_invalid
-
-    reason = why_invalid("class", value)
-    return reason and f"is not a CDI class name: {reason}"
+    return check
 
 
 @record(frozen=True)
@@ -127,8 +125,8 @@ class PolicyConfig:
     # where CDI names of other vendors are looked up (nvshim.policy.cdinames)
     cdi_spec_dirs: list[str] = key(["/etc/cdi", "/var/run/cdi"])
     default_capabilities: str = key("utility,compute", check=_capabilities)
-    cdi_vendor: str = key("nvidia.com", check=_cdi_vendor)
-    cdi_class: str = key("gpu", check=_cdi_class)
+    cdi_vendor: str = key("nvidia.com", check=_cdi_name("vendor"))
+    cdi_class: str = key("gpu", check=_cdi_name("class"))
 
 
 @record(frozen=True)

@@ -121,6 +121,8 @@ class Kit:
             f'driver-root = "{self.opts.driver_root}"',
             f'dev-root = "{self.opts.dev_root}"',
             "[runtime]",
+            # an absolute runc: the containers' runtime sees no PATH that holds a carried one
+            *([f'runtimes = ["{runc}"]'] if (runc := shutil.which("runc")) else []),
             f'log-file = "{self.work}/nvshim-{name}.log"',
             f'hook-path = "{self.bin_dir}/nvshim-hook"',
             f'inventory-dir = "{self.work}/state-{name}"',

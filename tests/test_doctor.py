@@ -423,10 +423,15 @@ def test_persistence_off_and_mig_pending_warn(tmp_path):
 
 def test_nvswitch_without_fabric_manager_fails(nodes):
     node = nodes("h100x8-mig")
-    switch = node.dev("/dev/nvidia-nvswitchctl")
+    control = node.dev("/dev/nvidia-nvswitchctl")
+    switch = node.dev("/dev/nvidia-nvswitch0")
     comm = Path(node.dev("/proc/4242/comm"))
-    os.mknod(switch, 0o20666, os.makedev(511, 255))
+    os.mknod(control, 0o20666, os.makedev(511, 255))
     try:
+        # the control node alone is no switch: a one-GPU H100 VM has it (real hardware)
+        code, results = node.doctor("--only", "fabric-manager")
+        assert results["fabric-manager"] == ("skip", "no NVSwitch on this node")
+        os.mknod(switch, 0o20666, os.makedev(511, 0))
         code, results = node.doctor("--only", "fabric-manager")
         assert results["fabric-manager"][0] == "fail" and code == 1
         comm.parent.mkdir()
@@ -434,7 +439,9 @@ def test_nvswitch_without_fabric_manager_fails(nodes):
         code, results = node.doctor("--only", "fabric-manager")
         assert results["fabric-manager"] == ("ok", "nv-fabricmanager running (pid 4242)")
     finally:
-        os.unlink(switch)
+        for node_path in (control, switch):
+            if os.path.lexists(node_path):
+                os.unlink(node_path)
         shutil.rmtree(comm.parent, ignore_errors=True)
 
 

@@ -229,12 +229,16 @@ def mig_pending(ctx: Context):
 
 
 def _has_nvswitch(ctx: Context) -> bool:
+    """An NVSwitch is attached: the nvswitch driver lists one under /proc/driver, or its
+    node exists. The driver's ``nvidia-nvswitch`` major in /proc/devices and the
+    ``nvidia-nvswitchctl`` node are there without any switch (a one-GPU H100 VM has them)."""
+    listed = ctx.path("/proc/driver/nvidia-nvswitch/devices")
     try:
-        if "nvidia-nvswitch" in _proc_majors(ctx):
+        if os.listdir(listed):
             return True
-    except NvshimError:
+    except OSError:
         pass
-    return bool(glob.glob(ctx.path("/dev/nvidia-nvswitch*")))
+    return bool(glob.glob(ctx.path("/dev/nvidia-nvswitch[0-9]*")))
 
 
 def _running(ctx: Context, comm: str) -> list[int]:

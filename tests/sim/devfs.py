@@ -114,6 +114,7 @@ def proc_devices(topo: dict[str, Any]) -> str:
         (254, "gpiochip"),
         (topo["majors"]["uvm"], "nvidia-uvm"),
         (topo["majors"]["caps"], "nvidia-caps"),
+        (topo["majors"].get("nvswitch", 509), "nvidia-nvswitch"),  # listed with no switch
     ]
     blocks = [(7, "loop"), (8, "sd"), (9, "md"), (253, "device-mapper"), (259, "blkext")]
     lines = ["Character devices:"]

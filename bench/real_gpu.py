@@ -38,7 +38,16 @@ if REPO not in sys.path:
 
 from bench import probe_image as pimg  # noqa: E402
 from bench import real_gpu_host as hostview  # noqa: E402
-from bench.real_gpu_host import Unit, uuid_hex  # noqa: E402
+from bench import real_gpu_mps as mpskit  # noqa: E402
+from bench.real_gpu_host import Unit  # noqa: E402
+from bench.real_gpu_verdict import (  # noqa: E402
+    Failed,
+    cuda_match,
+    nodes_match,
+    none_of,
+    probe_error,
+    probe_line,
+)
 
 NEEDS = {
     "root": "run as root (containers, runc state, device cgroups)",
@@ -54,12 +63,9 @@ NEEDS = {
     "containerd": "containerd and ctr on PATH (1.6+; the engine benchmark's CRI cases)",
     "cri": "the CRI gRPC stubs (PyPI container-runtime-interface-api, in the checkout's .venv)",
     "engine-rounds": "--engine-rounds above 0 (bench/engine_start.py rounds)",
+    **mpskit.NEEDS,
 }
 PROBE = pimg.PROBE_PATH
-MPS_SKIP = (
-    "MPS checks need the GPU's compute mode set to EXCLUSIVE_PROCESS, and this kit never "
-    "changes the host; run `nvshim mps start` by hand on a host you may change"
-)
 
 
 @dataclass
@@ -83,10 +89,6 @@ class Case:
     default_policy: bool = False
 
 
-class Failed(Exception):
-    """A check that ran and found a difference (the message is the detail)."""
-
-
 class Kit:
     """The host's facts, what is missing, and the checks run so far."""
 
@@ -106,15 +108,18 @@ class Kit:
 
     # --- set-up: what this host has ---------------------------------------------------
 
-    def _nvshim(self, *args: str) -> subprocess.CompletedProcess:
-        """``nvshim ARGS`` with the kit's config (this interpreter, this checkout)."""
+    def nvshim(self, *args: str, config: str = "") -> subprocess.CompletedProcess:
+        """``nvshim ARGS`` with the kit's config (``config``, default the "open" one; this
+        interpreter, this checkout)."""
         cache = os.path.join(self.work, "cache")  # as the launchers': the host's untouched
-        env = {"NVSHIM_CACHE_DIR": cache, **os.environ, "NVSHIM_CONFIG": self.config_open}
+        env = {"NVSHIM_CACHE_DIR": cache, **os.environ,
+               "NVSHIM_CONFIG": config or self.config_open}  # fmt: skip
         return subprocess.run(
             [sys.executable, "-m", "nvshim", *args], capture_output=True, text=True, env=env
         )
 
-    def _write_config(self, name: str, accept_env: bool) -> str:
+    def write_config(self, name: str, accept_env: bool, extra: list[str] = ()) -> str:
+        """The kit's nvshim config ``name`` in its work dir; ``extra``: more TOML lines."""
         path = os.path.join(self.work, f"{name}.toml")
         lines = [
             "[host]",
@@ -128,6 +133,7 @@ class Kit:
             f'inventory-dir = "{self.work}/state-{name}"',
             "[policy]",
             f"accept-env-unprivileged = {'true' if accept_env else 'false'}",
+            *extra,
         ]
         with open(path, "w", encoding="utf-8") as fh:
             fh.write("\n".join(lines) + "\n")
@@ -151,9 +157,9 @@ class Kit:
         self.runtime = os.path.join(self.bin_dir, "nvshim-runtime")
         # "open" honours NVIDIA_VISIBLE_DEVICES from any container (the request cases);
         # "default" is nvshim's default policy (the unprivileged case)
-        self.config_open = self._write_config("open", True)
-        self.config_default = self._write_config("default", False)
-        proc = self._nvshim("info", "--json")
+        self.config_open = self.write_config("open", True)
+        self.config_default = self.write_config("default", False)
+        proc = self.nvshim("info", "--json")
         if proc.returncode == 0:
             self.info = json.loads(proc.stdout)
             self.units = hostview.units(self.info)
@@ -198,11 +204,11 @@ class Kit:
         except subprocess.TimeoutExpired:
             self.missing["driver"] = "the host probe did not finish in 300 s"
             return
-        self.host_probe = _probe_line(proc.stdout)
+        self.host_probe = probe_line(proc.stdout)
         if self.host_probe is None:
             self.missing["driver"] = f"host probe printed no JSON: {proc.stderr.strip()[:200]}"
         elif not self.host_probe["ok"]:
-            self.missing["driver"] = f"host probe: {_probe_error(self.host_probe)}"
+            self.missing["driver"] = f"host probe: {probe_error(self.host_probe)}"
 
     # --- running checks ---------------------------------------------------------------
 
@@ -229,15 +235,20 @@ class Kit:
         return dest
 
     def run_runc(
-        self, env: dict[str, str], config: str, cache: str | None = None
+        self, env: dict[str, str], config: str, cache: str | None = None, args: list[str] = ()
     ) -> tuple[Any, dict | None]:
         """The probe in a runc container through nvshim-runtime; (process, probe JSON).
-        ``cache``: the cache directory to call it with (default: as the launchers')."""
+        ``cache``: the cache directory to call it with (default: as the launchers');
+        ``args``: the container's command, ending with the probe (default: the probe)."""
         from tests.runc_util import make_bundle, runc_run
 
         rootfs = self._rootfs()
         bundle = make_bundle(
-            os.path.join(self.work, "bundles"), rootfs, [PROBE], env=env, name=str(self.count)
+            os.path.join(self.work, "bundles"),
+            rootfs,
+            list(args) or [PROBE],
+            env=env,
+            name=str(self.count),
         )
         proc = runc_run(
             bundle,
@@ -246,7 +257,7 @@ class Kit:
             root=self.runc_state,
             env={"NVSHIM_CONFIG": config, **({"NVSHIM_CACHE_DIR": cache} if cache else {})},
         )
-        return proc, _probe_line(proc.stdout)
+        return proc, probe_line(proc.stdout)
 
     def run_podman(self, options: list[str]) -> tuple[Any, dict | None]:
         """The probe in a podman container (CDI spec dir: the kit's); (process, probe)."""
@@ -268,7 +279,7 @@ class Kit:
             cdi_dir=self.cdi_dir,
             keep_run=keep,
         )
-        return proc, _probe_line(proc.stdout)
+        return proc, probe_line(proc.stdout)
 
     @property
     def runc_state(self) -> str:
@@ -309,7 +320,7 @@ class Kit:
             for what, (ours, theirs) in pairs.items():
                 if ours != theirs:
                     problems.append(f"GPU {row['index']} {what}: nvshim {ours}, smi {theirs}")
-        _none_of(problems)
+        none_of(problems)
         return f"{len(rows)} GPU(s) agree on uuid, name, memory, PCI bus id, MIG mode, driver"
 
     def check_mig_vs_smi(self) -> str:
@@ -324,7 +335,7 @@ class Kit:
                 problems.append(f"{gpu['uuid']}: not in nvidia-smi -L")
             elif ours != theirs:
                 problems.append(f"GPU {gpu['index']}: nvshim {ours}, nvidia-smi -L {theirs}")
-        _none_of(problems)
+        none_of(problems)
         return f"{len(listed)} GPU(s), {count} MIG device(s) agree (profile, UUID)"
 
     def check_cuda_version(self) -> str:
@@ -339,11 +350,11 @@ class Kit:
         strategies = ("--device-name-strategy", "index", "--device-name-strategy", "uuid")
         hook = os.path.join(self.bin_dir, "nvshim-hook")
         args = ("cdi", "generate", "-o", spec_path, "--hook-path", hook)
-        proc = self._nvshim(*args, *strategies)
+        proc = self.nvshim(*args, *strategies)
         if proc.returncode != 0:
             self.missing["cdi"] = "cdi generate failed"
             raise Failed(f"cdi generate: {proc.stderr.strip()[:300]}")
-        proc = self._nvshim("cdi", "validate", spec_path)
+        proc = self.nvshim("cdi", "validate", spec_path)
         if proc.returncode != 0:
             self.missing["cdi"] = "the spec does not validate"
             raise Failed(f"cdi validate: {(proc.stdout + proc.stderr).strip()[:300]}")
@@ -422,12 +433,12 @@ class Kit:
         if probe is None:
             raise Failed(f"{request}: exit {proc.returncode}, no probe line: {proc.stderr[-300:]}")
         seen["probe"] = probe
-        return f"{request}: {_nodes_match(probe, case.expected)}"
+        return f"{request}: {nodes_match(probe, case.expected)}"
 
     def _case_cuda(self, case: Case, seen: dict[str, Any]) -> str:
         if "probe" not in seen:
             raise Failed("the container printed no probe line (see its device-node check)")
-        return _cuda_match(seen["probe"], case.expected)
+        return cuda_match(seen["probe"], case.expected)
 
     def check_require(self) -> str:
         cuda = (self.host_probe or {}).get("driver_cuda") or self.info["cuda_version"]
@@ -504,7 +515,7 @@ class Kit:
         for proc, probe in seen:
             if probe is None:
                 raise Failed(f"exit {proc.returncode}, no probe line: {proc.stderr[-300:]}")
-            _nodes_match(probe, [unit])
+            nodes_match(probe, [unit])
         ways = served_by(log)
         if len(ways) < len(seen):
             raise Failed(f"nvshim-runtimed served {len(ways)} of {len(seen)} creates: "
@@ -555,7 +566,9 @@ class Kit:
             self.missing["engine-rounds"] = "--engine-rounds 0"
         engines = (*runc, "podman", "containerd", "cri", "engine-rounds")
         self.check("engine benchmark (bench/engine_start.py)", engines, self.check_engine_bench)
-        self.results.append(Result("MPS sharing", "skip", "compute-mode change", MPS_SKIP))
+        mps = mpskit.MpsChecks(self)
+        mps.note_missing()
+        mps.run()  # stops the daemons and restores the compute modes however it ends
 
         def unchanged() -> str:
             after = hostview.snapshot(*roots, self.nvidia_smi)
@@ -570,71 +583,6 @@ def _importable(*names: str) -> bool:
     import importlib.util
 
     return all(importlib.util.find_spec(name) is not None for name in names)
-
-
-def _none_of(problems: list[str]) -> None:
-    """Fail the check with every problem found, if any."""
-    if problems:
-        raise Failed("; ".join(problems))
-
-
-def _probe_line(stdout: str) -> dict[str, Any] | None:
-    """The probe's JSON line in a container's output (None if there is none)."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith('{"probe":"nvshim-cuda-probe"'):
-            return json.loads(line)
-    return None
-
-
-def _probe_error(probe: dict[str, Any]) -> str:
-    extra = probe.get("detail") or probe.get("init_name") or probe.get("stage")
-    return f"{probe['error']} ({extra})" if extra else probe["error"]
-
-
-def _gpu_nodes(probe: dict[str, Any]) -> set[str]:
-    return {
-        d
-        for d in probe["dev"]
-        if d.startswith("nvidia-caps/") or (d.startswith("nvidia") and d[6:].isdigit())
-    }
-
-
-def _nodes_match(probe: dict[str, Any], expected: list[Unit]) -> str:
-    want = set().union(*(u.nodes for u in expected)) if expected else set()
-    got = _gpu_nodes(probe)
-    if got != want:
-        raise Failed(f"saw {sorted(got)}, expected {sorted(want)}")
-    if expected and "nvidiactl" not in probe["dev"]:
-        raise Failed("no /dev/nvidiactl")
-    gpus = sorted(n for n in got if "/" not in n)
-    caps = len(got) - len(gpus)
-    seen = ", ".join(gpus) + (f" and {caps} MIG cap node(s)" if caps else "") or "no GPU node"
-    return f"{seen}; CUDA_VISIBLE_DEVICES={probe.get('cuda_visible_devices')}"
-
-
-def _cuda_match(probe: dict[str, Any], expected: list[Unit]) -> str:
-    devices = probe.get("devices", [])
-    if not expected:
-        if devices:
-            raise Failed(f"CUDA sees {[d['uuid'] for d in devices]}, expected none")
-        return f"no device ({_probe_error(probe)})"
-    if not probe["ok"] and not devices:
-        raise Failed(f"CUDA sees nothing: {_probe_error(probe)}")
-    bad = [
-        f"{d['uuid']} ctx {d['ctx_name']} alloc {d['alloc_name']}" for d in devices if not d["ok"]
-    ]
-    got = {uuid_hex(d["uuid"]) for d in devices}
-    want = {uuid_hex(u.uuid): u.uuid for u in expected}
-    # CUDA may enumerate only one MIG device per process: every granted whole GPU and at
-    # least one granted MIG device is right (the detail shows how many it saw)
-    whole = {uuid_hex(u.uuid) for u in expected if not u.uuid.startswith("MIG-")}
-    mig = set(want) - whole
-    right = got == set(want) or (bool(mig) and whole <= got <= set(want) and bool(got & mig))
-    if bad or not right:
-        names = sorted(want.get(h, f"GPU/MIG {h}") for h in got)
-        raise Failed(f"CUDA sees {names}, expected {sorted(want.values())}; failing: {bad}")
-    summary = ", ".join(f"{d['name']} {d['uuid']}" for d in devices)
-    return f"{len(devices)} device(s), context + 1 MiB each: {summary}"
 
 
 def render(kit: Kit) -> str:
@@ -716,6 +664,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="bench/engine_start.py rounds (0: skip)")  # fmt: skip
     parser.add_argument("--work", help="parent of the temporary work dir")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    parser.add_argument(
+        "--mps",
+        action="store_true",
+        help="also check MPS sharing: this CHANGES the GPUs' compute mode (to "
+        "EXCLUSIVE_PROCESS, with MPS daemons under the work dir) while it runs, then restores it",
+    )
     opts = parser.parse_args(argv)
     out = opts.out or f"real-gpu-report-{platform.node()}.md"
     kit = Kit(opts)

@@ -87,7 +87,7 @@ def units(info: dict[str, Any]) -> list[Unit]:
     return out
 
 
-def _nvml_state(driver_root: str, dev_root: str) -> dict[str, Any]:
+def nvml_state(driver_root: str, dev_root: str) -> dict[str, Any]:
     """Per GPU, freshly discovered: MIG mode and devices, compute and persistence mode."""
     from nvshim.host.discover import discover_host
     from nvshim.mps.compute import get_compute_mode, nvml_session
@@ -126,7 +126,7 @@ def snapshot(driver_root: str, dev_root: str, nvidia_smi: str | None) -> dict[st
     nvshim's config and CDI paths on the host."""
     state: dict[str, Any] = {"host_paths": {p: _path_state(p) for p in HOST_PATHS}}
     try:
-        state["gpus"] = _nvml_state(driver_root, dev_root)
+        state["gpus"] = nvml_state(driver_root, dev_root)
     except Exception as err:  # noqa: BLE001 - recorded, compared like any value
         state["gpus"] = f"unreadable: {err}"
     if nvidia_smi:

@@ -24,6 +24,7 @@ START_TIMEOUT = 10.0  # seconds for ``-d`` to return and the pid file to name a 
 STOP_TIMEOUT = 10.0  # seconds for the daemon to exit after ``quit``
 SHM_SIZE = "64m"
 SHM_OPTIONS = f"size={SHM_SIZE},mode=1777"
+SHM_SOURCE = "nvshim-mps-shm"  # the source of each device's shm tmpfs in the mount table
 STATE_FILE = "state.json"
 START_OUTPUT = "nvshim-start.out"
 MAX_PID_FILE = 64
@@ -315,7 +316,7 @@ def mount_shm(shm_dir: str) -> bool:
         return False
     libc = _libc()
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    rc = libc.mount(b"nvshim-mps-shm", shm_dir.encode(), b"tmpfs", flags, SHM_OPTIONS.encode())
+    rc = libc.mount(SHM_SOURCE.encode(), shm_dir.encode(), b"tmpfs", flags, SHM_OPTIONS.encode())
     try:
         _check(rc, f"mount tmpfs on {shm_dir}")
     except OSError as err:

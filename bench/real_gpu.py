@@ -5,13 +5,15 @@ markdown report.
 Run as root on a GPU node, from a checkout with its venv (``bash bench/real_gpu.sh``
 picks ``.venv/bin/python3``)::
 
-    bash bench/real_gpu.sh [--out REPORT.md] [--json FILE] [--image DIR|TAR] [--runs N]
+    bash bench/real_gpu.sh [--out REPORT.md] [--json FILE] [--image DIR|TAR] [--runs N] [--mps]
 
 Every check names what it needs (root, runc, podman, nvidia-smi, the probe image, a
 working CUDA driver); one whose need is missing is skipped with the reason, never
 failed. The kit changes nothing on the host: its nvshim config, log, state, CDI spec,
 bundles and containers live in a temporary work dir, removed at the end (``--keep``
-keeps it). Exit status: 1 when a check failed, else 0.
+keeps it). The one exception is opt-in: with ``--mps`` the MPS checks
+(bench/real_gpu_mps.py) set the GPUs' compute mode to EXCLUSIVE_PROCESS while they run,
+and restore it. Exit status: 1 when a check failed, else 0.
 """
 
 from __future__ import annotations
@@ -651,7 +653,8 @@ def _readme_line(kit: Kit, now: str, counts: dict[str, int]) -> str:
     return line + "."
 
 
-def main(argv: list[str] | None = None) -> int:
+def options(argv: list[str] | None = None) -> argparse.Namespace:
+    """The kit's command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="markdown report (default real-gpu-report-HOST.md)")
     parser.add_argument("--json", dest="json_out", help="also write the results as JSON")
@@ -670,7 +673,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also check MPS sharing: this CHANGES the GPUs' compute mode (to "
         "EXCLUSIVE_PROCESS, with MPS daemons under the work dir) while it runs, then restores it",
     )
-    opts = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = options(argv)
     out = opts.out or f"real-gpu-report-{platform.node()}.md"
     kit = Kit(opts)
     try:

@@ -244,12 +244,12 @@ class MpsChecks:
         now = self._modes()
         changed = {u: m for u, m in self.before.items() if now.get(u) != m}
         if changed:
-            problems += [f"{u}: (compute, persistence) {now.get(u)}, found {m}" for u, m in
-                         changed.items()]  # fmt: skip
+            problems += [f"{u}: {_modes_text(now.get(u))}, found {_modes_text(m)}"
+                         for u, m in changed.items()]  # fmt: skip
             problems.append(f"the kit set the compute mode back itself: {self._restore(changed)}")
         none_of(problems)
         actions = {d["uuid"]: d["action"] for d in stopped.get("daemons", [])}
-        modes = ", ".join(f"{u} {_mode(m[0])}, persistence mode {m[1]}" for u, m in now.items())
+        modes = "; ".join(f"{u} {_modes_text(m)}" for u, m in now.items())
         daemons = ", ".join(f"{u} {a}" for u, a in actions.items()) or "none"
         return f"daemons: {daemons}; modes as found: {modes}"
 
@@ -271,6 +271,13 @@ class MpsChecks:
 
 def _mode(mode: object) -> str:
     return mode_name(mode) if isinstance(mode, int) else str(mode)
+
+
+def _modes_text(modes: tuple | None) -> str:
+    """``(compute mode, persistence mode)`` as words."""
+    if modes is None:
+        return "gone"
+    return f"compute mode {_mode(modes[0])}, persistence mode {modes[1]}"
 
 
 def _last(text: str) -> str:

@@ -14,8 +14,12 @@ import sys
 import pytest
 
 from bench.probe_image import PROBE_PATH, build_probe, host_probe_argv, probe_image
+from nvshim.host.discover import discover_host
+from nvshim.mps import compute
 from tests.conftest import REPO, write_config
 from tests.runc_util import build_stub_library, make_bundle, runc_run
+from tests.sim import fake_mps_control
+from tests.sim.simhost import build_host
 
 # A fake libcuda (the lowest layer: there is no GPU). Its environment sets cuInit's result
 # (FAKE_CUDA_INIT, default 0), the device count (FAKE_CUDA_COUNT, default 2) and every
@@ -97,8 +101,9 @@ def test_probe_reports_devices_of_a_fake_libcuda(probe, tmp_path):
 
 def test_kit_judges_what_cuda_sees(probe, tmp_path):
     """The kit's CUDA verdicts, on the probe's own output (fake libcuda)."""
-    from bench.real_gpu import Failed, _cuda_match
     from bench.real_gpu_host import Unit
+    from bench.real_gpu_verdict import Failed
+    from bench.real_gpu_verdict import cuda_match as _cuda_match
 
     lib = build_stub_library(tmp_path / "libcuda.so.1", "libcuda.so.1", FAKE_CUDA)
     uuids = ("00010203-0405-0607-0809-0a0b0c0d0e0f", "10111213-1415-1617-1819-1a1b1c1d1e1f")
@@ -210,13 +215,79 @@ def run_kit(tmp_path, *args: str, env: dict | None = None) -> tuple[int, dict, s
     return proc.returncode, parse_report(text), text
 
 
-def test_kit_on_a_simulated_host(sim_hosts, tmp_path):
-    sim = sim_hosts("h100x8-mig")
+MPS_CHECKS = (
+    "MPS: daemons start",
+    "MPS: probe x2: device nodes, MPS env, pipe dir, shm",
+    "MPS: probe x2: CUDA through the MPS daemon",
+    "MPS: stop restores compute mode",
+)
+
+
+def mps_host(name: str, tmp_path):
+    """The simulated host ``name`` whose nvidia-cuda-mps-control is the fake one."""
+    return build_host(name, str(tmp_path / "host"), extra_files=fake_mps_control.extra_files())
+
+
+def compute_modes(sim) -> dict[str, int]:
+    """Each GPU's compute mode, through the fake NVML (which keeps it in a state file)."""
+    with compute.nvml_session(discover_host(sim.driver_root, sim.dev_root)) as nvml:
+        return {u: compute.get_compute_mode(nvml, u) for u in sim.gpu_uuids()}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def assert_mps_rows(sim, rows: dict[str, dict[str, str]]) -> None:
+    """--mps on a simulated host: a (fake) control daemon per GPU outside MIG mode, its GPU
+    in EXCLUSIVE_PROCESS meanwhile; two probe containers on GPU 0 with its MPS env, pipe
+    dir and shm; CUDA is not there; then every daemon stopped and every mode as found."""
+    import re
+
+    whole = {g["uuid"] for g in sim.topology["gpus"] if g["mig_mode"] != "enabled"}
+    start = rows[MPS_CHECKS[0]]
+    assert start["needs"] == "root, info, gpu, mps, mps-control, mps-gpu"
+    started = re.findall(
+        r"GPU \d (GPU-\S+): started, pid (\d+), 50% threads, 40779M pinned, "
+        r"compute mode Default -> Exclusive_Process, healthy",
+        start["detail"],
+    )
+    assert {uuid for uuid, _ in started} == whole and len(whole) == 6, start["detail"]
+    gpu0 = sim.gpu_uuids()[0]
+    clients = rows[MPS_CHECKS[1]]
+    assert clients["needs"].endswith("mps-gpu, runc, image, mps-daemons")
+    assert clients["detail"].startswith(
+        f"NVIDIA_VISIBLE_DEVICES=0: nvidia0; CUDA_VISIBLE_DEVICES={gpu0}; "
+        f"NVIDIA_VISIBLE_DEVICES={gpu0}::1: nvidia0; CUDA_VISIBLE_DEVICES={gpu0}; each with "
+        "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50, "
+        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={gpu0}=40779M, /run/nvidia-mps bound from "
+    ), clients["detail"]
+    assert clients["detail"].endswith(
+        f"/mps/{gpu0}/pipe (holding nvidia-cuda-mps-control.pid), /dev/shm the daemon's tmpfs"
+    )
+    assert rows[MPS_CHECKS[2]]["status"] == "skip"  # what CUDA sees: no driver here
+    stop = rows[MPS_CHECKS[3]]["detail"]
+    assert all(f"{uuid} stopped" in stop for uuid in whole), stop
+    assert stop.count("compute mode Default, persistence mode 1") == len(sim.gpu_uuids())
+    assert set(compute_modes(sim).values()) == {compute.DEFAULT}
+    assert not [pid for _, pid in started if alive(int(pid))]
+
+
+def test_kit_on_a_simulated_host(tmp_path):
+    """Every check, --mps included: the host's nvidia-cuda-mps-control is the fake one."""
+    sim = build_host(
+        "h100x8-mig", str(tmp_path / "host"), extra_files=fake_mps_control.extra_files()
+    )
     smi = fake_nvidia_smi(sim, tmp_path / "nvidia-smi")
     rc, rows, text = run_kit(
         tmp_path,
         *("--driver-root", sim.driver_root, "--dev-root", sim.dev_root),
         *("--nvidia-smi", smi, "--runs", "1", "--engine-rounds", "1", "--work", str(tmp_path)),
+        "--mps",
     )
     failed = {k: v for k, v in rows.items() if v["status"] == "fail"}
     assert rc == 0 and not failed, failed
@@ -232,10 +303,10 @@ def test_kit_on_a_simulated_host(sim_hosts, tmp_path):
                "MIG devices vs nvidia-smi -L", "cdi generate + validate", "CDI host paths exist",
                "NVIDIA_REQUIRE_CUDA above the driver refused", "host left unchanged",
                "1-GPU create overhead vs bare runc", "nvshim-runtimed serves 1-GPU creates",
-               "engine benchmark (bench/engine_start.py)"}  # fmt: skip
+               "engine benchmark (bench/engine_start.py)", *MPS_CHECKS[:2],
+               MPS_CHECKS[3]}  # fmt: skip
     assert wanted <= passed, wanted - passed
-    assert rows["MPS sharing"]["status"] == "skip"
-    assert "compute mode" in rows["MPS sharing"]["detail"]
+    assert_mps_rows(sim, rows)
     assert (
         "supports up to CUDA 12.4" in rows["NVIDIA_REQUIRE_CUDA above the driver refused"]["detail"]
     )
@@ -254,7 +325,7 @@ def test_kit_on_a_simulated_host(sim_hosts, tmp_path):
     assert "## Findings (failed checks)\n\nnone\n" in text
     assert (
         "8 x NVIDIA H100 80GB HBM3, driver 550.90.12 (CUDA ?): "
-        "21 checks passed, 0 failed, 13 skipped" in text
+        "24 checks passed, 0 failed, 13 skipped" in text
     )
     # nvshim-runtimed served all of the kit's creates, the later ones through a slot (the
     # first by its socket, or by a slot too when the front's cache was already warm)
@@ -301,6 +372,67 @@ def test_kit_skips_what_this_host_lacks(sim_hosts, tmp_path):
     assert rows["engine benchmark (bench/engine_start.py)"]["status"] == "skip"
     assert rows["cdi generate + validate"]["status"] == "pass"
     assert rows["host left unchanged"]["status"] == "pass"
+    for check in MPS_CHECKS:  # not asked for: the option is named
+        assert rows[check]["status"] == "skip", check
+        assert (
+            rows[check]["detail"].startswith("mps: not asked for: ")
+            and "--mps" in (rows[check]["detail"])
+        )
+
+
+@pytest.fixture
+def mps_kit(tmp_path):
+    """The kit set up with --mps on a one-GPU simulated host whose MPS control is the fake."""
+    from bench.real_gpu import Kit, options
+    from bench.real_gpu_mps import MpsChecks
+
+    sim = mps_host("single", tmp_path)
+    roots = ["--driver-root", sim.driver_root, "--dev-root", sim.dev_root]
+    kit = Kit(options(["--mps", *roots, "--work", str(tmp_path)]))
+    kit.setup()
+    mps = MpsChecks(kit)
+    mps.note_missing()
+    yield sim, kit, mps
+    shutil.rmtree(kit.work, ignore_errors=True)
+
+
+def test_mps_checks_stop_the_daemons_when_the_kit_is_interrupted(mps_kit):
+    """Ctrl-C after the daemons started: the stop check still runs (a finally), stops the
+    daemon and leaves the compute mode as found."""
+    sim, kit, mps = mps_kit
+
+    def interrupted() -> str:
+        raise KeyboardInterrupt
+
+    mps.check_clients = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        mps.run()
+    assert [(r.check, r.status) for r in kit.results] == [
+        (MPS_CHECKS[0], "pass"),
+        (MPS_CHECKS[3], "pass"),
+    ], kit.results
+    (daemon,) = mps.daemons.values()
+    assert daemon["compute_mode"] == "Exclusive_Process" and not alive(daemon["pid"])
+    assert compute_modes(sim) == {sim.gpu_uuids()[0]: compute.DEFAULT}
+
+
+def test_mps_stop_check_sets_back_a_compute_mode_nvshim_left(mps_kit):
+    """The record of the mode found gone (state.json, wiped behind nvshim's back), `nvshim
+    mps stop` leaves EXCLUSIVE_PROCESS: the check fails, naming it, and the kit sets the
+    mode it found back itself."""
+    sim, kit, mps = mps_kit
+    gpu = sim.gpu_uuids()[0]
+    kit.check(MPS_CHECKS[0], (), mps.check_start)
+    assert compute_modes(sim) == {gpu: compute.EXCLUSIVE_PROCESS}
+    os.unlink(os.path.join(mps.root, gpu, "state.json"))
+    kit.check(MPS_CHECKS[3], (), mps.check_stop)
+    start, stop = kit.results
+    assert start.status == "pass" and stop.status == "fail"
+    assert stop.detail == (
+        f"{gpu}: compute mode Exclusive_Process, persistence mode 1, found compute mode "
+        "Default, persistence mode 1; the kit set the compute mode back itself: done"
+    )
+    assert compute_modes(sim) == {gpu: compute.DEFAULT}
 
 
 def test_snapshot_sees_a_compute_mode_change(tmp_path):

@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 from typing import Any
+
+import yaml
 
 from bench import real_gpu_host as hostview
 from bench.probe_image import PROBE_PATH
@@ -24,19 +27,15 @@ from bench.real_gpu_verdict import Failed, cuda_match, nodes_match, none_of
 from nvshim.mps import CONTAINER_PIPE_DIR as PIPE_DIR
 from nvshim.mps import PID_FILE
 from nvshim.mps.compute import EXCLUSIVE_PROCESS, mode_name
-from nvshim.mps.daemon import SHM_SOURCE
+from nvshim.mps.daemon import SHM_SOURCE, unmount_shm
 
 REPLICAS = 2
 # migStrategy mixed: nvidia.com/gpu is every GPU outside MIG mode (MPS on MIG is refused)
-SHARING = f"""version: v1
-flags:
-  migStrategy: mixed
-sharing:
-  mps:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: {REPLICAS}
-"""
+SHARING = {
+    "version": "v1",
+    "flags": {"migStrategy": "mixed"},
+    "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": REPLICAS}]}},
+}
 # What a client container prints before the probe: its CUDA_ variables, its mount table
 # and the pipe dir it was given (busybox applets of the probe image)
 CLIENT = (
@@ -119,7 +118,7 @@ class MpsChecks:
         self.before = self._modes()
         path = os.path.join(kit.work, "sharing.yaml")
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(SHARING)
+            yaml.safe_dump(SHARING, fh, sort_keys=False)
         self.config = kit.write_config(
             "mps", True, ["[sharing]", f'config = "{path}"', f'mps-root = "{self.root}"']
         )
@@ -236,11 +235,12 @@ class MpsChecks:
         if proc is not None and proc.returncode != 0:
             problems.append(f"nvshim mps stop: exit {proc.returncode}: {_last(proc.stderr)}")
         for uuid, d in self.daemons.items():
-            if d["pid"] and _alive(d["pid"]):
-                problems.append(f"{uuid}: daemon {d['pid']} still runs")
+            if d["pid"] and alive(d["pid"]):
+                problems.append(f"{uuid}: daemon {d['pid']} still ran: {self._end(uuid)}")
             shm = os.path.join(self.root, uuid, "shm")
             if os.path.ismount(shm):
-                problems.append(f"{shm}: still mounted")
+                problems.append(f"{shm}: still mounted (the kit detached it)")
+                unmount_shm(shm)
         now = self._modes()
         changed = {u: m for u, m in self.before.items() if now.get(u) != m}
         if changed:
@@ -252,6 +252,21 @@ class MpsChecks:
         modes = "; ".join(f"{u} {_modes_text(m)}" for u, m in now.items())
         daemons = ", ".join(f"{u} {a}" for u, a in actions.items()) or "none"
         return f"daemons: {daemons}; modes as found: {modes}"
+
+    def _end(self, uuid: str) -> str:
+        """SIGTERM to the kit's own daemon of ``uuid``, held by a pidfd (never a pid
+        looked up twice); what happened."""
+        from nvshim.mps.daemon import daemon_dirs, pin_daemon
+
+        pinned = pin_daemon(daemon_dirs(self.root, uuid).pipe)
+        if pinned is None:
+            return "it has exited since"
+        fd, pid, _ = pinned
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGTERM)
+        finally:
+            os.close(fd)
+        return f"the kit sent {pid} SIGTERM"
 
     def _restore(self, changed: dict[str, Any]) -> str:
         """Set the compute modes in ``changed`` back through NVML; what happened."""
@@ -304,7 +319,7 @@ def _server_logs(log_dir: str) -> list[str]:
     )
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:

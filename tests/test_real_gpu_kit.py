@@ -10,10 +10,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
 from bench.probe_image import PROBE_PATH, build_probe, host_probe_argv, probe_image
+from bench.real_gpu_mps import alive
 from nvshim.host.discover import discover_host
 from nvshim.mps import compute
 from tests.conftest import REPO, write_config
@@ -234,14 +236,6 @@ def compute_modes(sim) -> dict[str, int]:
         return {u: compute.get_compute_mode(nvml, u) for u in sim.gpu_uuids()}
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def assert_mps_rows(sim, rows: dict[str, dict[str, str]]) -> None:
     """--mps on a simulated host: a (fake) control daemon per GPU outside MIG mode, its GPU
     in EXCLUSIVE_PROCESS meanwhile; two probe containers on GPU 0 with its MPS env, pipe
@@ -432,6 +426,35 @@ def test_mps_stop_check_sets_back_a_compute_mode_nvshim_left(mps_kit):
         f"{gpu}: compute mode Exclusive_Process, persistence mode 1, found compute mode "
         "Default, persistence mode 1; the kit set the compute mode back itself: done"
     )
+    assert compute_modes(sim) == {gpu: compute.DEFAULT}
+
+
+def test_mps_stop_check_ends_what_a_failed_stop_left(mps_kit):
+    """`nvshim mps stop` failing (its config gone): the check fails, naming it; the kit
+    ends its own daemon (SIGTERM through a pidfd), detaches its shm and sets the compute
+    mode back."""
+    sim, kit, mps = mps_kit
+    gpu = sim.gpu_uuids()[0]
+    kit.check(MPS_CHECKS[0], (), mps.check_start)
+    (daemon,) = mps.daemons.values()
+    os.unlink(mps.config)
+    kit.check(MPS_CHECKS[3], (), mps.check_stop)
+    start, stop = kit.results
+    assert start.status == "pass" and stop.status == "fail"
+    shm = os.path.join(mps.root, gpu, "shm")
+    for part in (
+        f"nvshim mps stop: exit 1: nvshim: error: {mps.config}: configuration file not found",
+        f"{gpu}: daemon {daemon['pid']} still ran: the kit sent {daemon['pid']} SIGTERM",
+        f"{shm}: still mounted (the kit detached it)",
+        f"{gpu}: compute mode Exclusive_Process, persistence mode 1, found compute mode Default",
+        "the kit set the compute mode back itself: done",
+    ):
+        assert part in stop.detail, stop.detail
+    for _ in range(200):  # SIGTERM is asynchronous
+        if not alive(daemon["pid"]):
+            break
+        time.sleep(0.01)
+    assert not alive(daemon["pid"]) and not os.path.ismount(shm)
     assert compute_modes(sim) == {gpu: compute.DEFAULT}
 
 

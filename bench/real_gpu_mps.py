@@ -199,21 +199,27 @@ class MpsChecks:
         unit = self.shared[0]
         if len(self.probes) < 2:
             raise Failed("the containers printed no probe line (see the check above)")
-        seen = [cuda_match(probe, [unit]) for probe in self.probes]
         log_dir = os.path.join(self.root, unit.uuid, "log")
         control = _lines(os.path.join(log_dir, "control.log"))
         clients = [line for line in control[self.log_mark :] if CLIENT_LOG.search(line)]
-        served = [ln for path in _server_logs(log_dir) for ln in _lines(path)
-                  if CLIENT_LOG.search(ln)]  # fmt: skip
-        servers = self._server_list(unit.uuid)
+        servers = _server_logs(log_dir)
+        served = [ln for path in servers for ln in _lines(path) if CLIENT_LOG.search(ln)]
         evidence = (
             f"control.log: {len(clients)} client line(s) since the containers started "
             f"({' | '.join(' '.join(c.split()) for c in clients[-2:])[:300]}); server.log: "
-            f"{len(served)} client line(s); get_server_list: {servers or 'none'}"
+            f"{len(served)} client line(s); get_server_list: "
+            f"{self._server_list(unit.uuid) or 'none'}"
         )
+        tails = "; ".join(
+            f"{os.path.relpath(path, log_dir)} ends: {_tail(_lines(path))}"
+            for path in [os.path.join(log_dir, "control.log"), *servers]
+        )
+        try:
+            seen = [cuda_match(probe, [unit]) for probe in self.probes]
+        except Failed as err:
+            raise Failed(f"{err}; {evidence}; {tails}") from None
         if len(clients) < len(self.probes):
-            tail = " | ".join(" ".join(line.split()) for line in control[-6:])[:400]
-            raise Failed(f"CUDA ran, but not through the daemon: {evidence}; its log ends: {tail}")
+            raise Failed(f"CUDA ran, but not through the daemon: {evidence}; {tails}")
         return f"{' / '.join(seen)}; {evidence}"
 
     def _server_list(self, uuid: str) -> str:
@@ -298,6 +304,11 @@ def _modes_text(modes: tuple | None) -> str:
 def _last(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[-1][:300] if lines else "no message"
+
+
+def _tail(lines: list[str]) -> str:
+    """The last lines of a log, on one line."""
+    return " | ".join(" ".join(line.split()) for line in lines[-6:])[-400:] or "(empty)"
 
 
 def _lines(path: str) -> list[str]:

@@ -25,27 +25,70 @@ from tests.sim.simhost import build_host
 
 # A fake libcuda (the lowest layer: there is no GPU). Its environment sets cuInit's result
 # (FAKE_CUDA_INIT, default 0), the device count (FAKE_CUDA_COUNT, default 2) and every
-# allocation's result (FAKE_CUDA_ALLOC, default 2: CUDA_ERROR_OUT_OF_MEMORY).
+# allocation's result (FAKE_CUDA_ALLOC, default ALLOC_DEFAULT: 2, CUDA_ERROR_OUT_OF_MEMORY).
+# Like CUDA, it enumerates only the GPU that CUDA_VISIBLE_DEVICES names by UUID, and is an
+# MPS client when CUDA_MPS_PIPE_DIRECTORY is set: cuInit connects to the daemon's control
+# socket there and says `new_client` (tests/sim/fake_mps_control.py logs it); without a
+# daemon it goes on without MPS, as CUDA does.
 FAKE_CUDA = r"""
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#ifndef ALLOC_DEFAULT
+#define ALLOC_DEFAULT 2
+#endif
 typedef struct { unsigned char bytes[16]; } CUuuid;
 static int env(const char *name, int fallback) {
     const char *e = getenv(name);
     return e ? atoi(e) : fallback;
 }
-int cuInit(unsigned f) { return env("FAKE_CUDA_INIT", 0); }
+static int visible_uuid(unsigned char *out) {  /* CUDA_VISIBLE_DEVICES=GPU-<uuid> */
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    int n = 0;
+    if (!v || strncmp(v, "GPU-", 4)) return 0;
+    for (const char *p = v + 4; *p && *p != ',' && n < 32; p++) {
+        int d = *p >= '0' && *p <= '9' ? *p - '0' : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10 : -1;
+        if (d < 0) continue;
+        out[n / 2] = n % 2 ? out[n / 2] | d : d << 4;
+        n++;
+    }
+    return n == 32;
+}
+static void mps_client(void) {
+    const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    char buf[64];
+    int s;
+    if (!dir || !*dir || (s = socket(AF_UNIX, SOCK_STREAM, 0)) < 0) return;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s/control", dir);
+    if (connect(s, (struct sockaddr *)&a, sizeof a) == 0
+        && write(s, "new_client\n", 11) == 11)
+        (void)read(s, buf, sizeof buf);
+    close(s);
+}
+int cuInit(unsigned f) { mps_client(); return env("FAKE_CUDA_INIT", 0); }
 int cuDriverGetVersion(int *v) { *v = 12040; return 0; }
-int cuDeviceGetCount(int *n) { *n = env("FAKE_CUDA_COUNT", 2); return 0; }
+int cuDeviceGetCount(int *n) {
+    unsigned char u[16];
+    *n = visible_uuid(u) ? 1 : env("FAKE_CUDA_COUNT", 2);
+    return 0;
+}
 int cuDeviceGet(int *d, int i) { *d = i; return 0; }
 int cuDeviceGetName(char *s, int n, int d) { strncpy(s, d ? "Fake \"B\"" : "Fake A", n); return 0; }
 int cuDeviceGetUuid_v2(CUuuid *u, int d) {
+    if (visible_uuid(u->bytes)) return 0;
     for (int i = 0; i < 16; i++) u->bytes[i] = (unsigned char)(d * 16 + i);
     return 0;
 }
 int cuCtxCreate_v2(void **c, unsigned f, int d) { *c = (void *)(long)(d + 1); return 0; }
 int cuCtxDestroy_v2(void *c) { return 0; }
-int cuMemAlloc_v2(unsigned long long *p, size_t n) { *p = n; return env("FAKE_CUDA_ALLOC", 2); }
+int cuMemAlloc_v2(unsigned long long *p, size_t n) {
+    *p = n;
+    return env("FAKE_CUDA_ALLOC", ALLOC_DEFAULT);
+}
 int cuMemFree_v2(unsigned long long p) { return 0; }
 int cuGetErrorName(int rc, const char **s) {
     *s = rc == 2 ? "CUDA_ERROR_OUT_OF_MEMORY" : rc == 100 ? "CUDA_ERROR_NO_DEVICE" : "OTHER";
@@ -374,13 +417,24 @@ def test_kit_skips_what_this_host_lacks(sim_hosts, tmp_path):
         )
 
 
+@pytest.fixture(scope="module")
+def mps_libcuda(tmp_path_factory) -> str:
+    """The fake libcuda whose allocations succeed: a working driver, and an MPS client."""
+    lib = tmp_path_factory.mktemp("mps-libcuda") / "libcuda.so.1"
+    return build_stub_library(lib, "libcuda.so.1", "#define ALLOC_DEFAULT 0\n" + FAKE_CUDA)
+
+
 @pytest.fixture
-def mps_kit(tmp_path):
-    """The kit set up with --mps on a one-GPU simulated host whose MPS control is the fake."""
+def mps_kit(tmp_path, mps_libcuda):
+    """The kit set up with --mps on a one-GPU simulated host whose MPS control and libcuda
+    are the fakes."""
     from bench.real_gpu import Kit, options
     from bench.real_gpu_mps import MpsChecks
 
     sim = mps_host("single", tmp_path)
+    driver_lib = os.path.realpath(sim.host_path(f"{sim.lib_dir}/libcuda.so.1"))
+    os.unlink(driver_lib)  # replaced, never written through (it may be a shared file)
+    shutil.copyfile(mps_libcuda, driver_lib)
     roots = ["--driver-root", sim.driver_root, "--dev-root", sim.dev_root]
     kit = Kit(options(["--mps", *roots, "--work", str(tmp_path)]))
     kit.setup()
@@ -408,6 +462,33 @@ def test_mps_checks_stop_the_daemons_when_the_kit_is_interrupted(mps_kit):
     (daemon,) = mps.daemons.values()
     assert daemon["compute_mode"] == "Exclusive_Process" and not alive(daemon["pid"])
     assert compute_modes(sim) == {sim.gpu_uuids()[0]: compute.DEFAULT}
+
+
+def test_mps_checks_see_cuda_go_through_the_daemon(mps_kit):
+    """With a libcuda that initialises and is an MPS client (the fake above), the whole
+    --mps path passes: CUDA in both containers sees the granted GPU and reaches the daemon
+    through the pipe dir nvshim mounted (the daemon logs each client). A client line from
+    before the containers ran is no proof."""
+    sim, kit, mps = mps_kit
+    gpu = sim.gpu_uuids()[0]
+    assert "driver" not in kit.missing, kit.missing
+    mps.run()
+    assert [(r.check, r.status) for r in kit.results] == [(c, "pass") for c in MPS_CHECKS], (
+        kit.results
+    )
+    cuda = kit.results[2].detail
+    one = f"1 device(s), context + 1 MiB each: Fake A {gpu}"
+    assert cuda.startswith(f"{one} / {one}; control.log: 2 client line(s) since the "
+                           "containers started (NEW CLIENT "), cuda  # fmt: skip
+    assert cuda.count("from user 0: Server already exists") == 2
+    control = os.path.join(mps.root, gpu, "log", "control.log")
+    with open(control) as fh:
+        mps.log_mark = len(fh.read().splitlines())
+    kit.check("again, the clients' lines before the mark", (), mps.check_cuda)
+    assert kit.results[-1].status == "fail"
+    assert kit.results[-1].detail.startswith(
+        "CUDA ran, but not through the daemon: control.log: 0 client line(s)"
+    )
 
 
 def test_mps_stop_check_sets_back_a_compute_mode_nvshim_left(mps_kit):

@@ -15,6 +15,8 @@ one for what nvshim uses:
   ``get_default_active_thread_percentage``, ``set_default_device_pinned_mem_limit DEV
   VALUE``, ``get_default_device_pinned_mem_limit DEV``, ``get_server_list``, ``quit``
   (stops the daemon and removes the pid file).
+- ``new_client``: what a (fake) CUDA client sends on its connection; logged as the real
+  daemon logs a client, ``NEW CLIENT <pid> from user <uid>: ...`` (the peer's credentials).
 
 Records, one line each, in ``$CUDA_MPS_LOG_DIRECTORY/control.log`` (default
 ``/var/log/nvidia-mps``): ``start {json}`` (pid, uid, argv, the whole env, the /dev/shm
@@ -26,6 +28,7 @@ marker file ``/dev/shm/fake-mps-control.<pid>`` (removed on quit) so tests can s
 import json
 import os
 import socket
+import struct
 import sys
 import time
 
@@ -72,7 +75,7 @@ class Daemon:
         self.mem_limits = {}
         self.running = True
 
-    def answer(self, line):
+    def answer(self, line, peer=(0, 0, 0)):
         words = line.split()
         if not words:
             return ""
@@ -93,6 +96,10 @@ class Daemon:
             return ""
         if cmd == "get_default_device_pinned_mem_limit" and len(args) == 1:
             return self.mem_limits.get(args[0], "Unlimited")
+        if cmd == "new_client" and not args:
+            pid, uid, _ = peer
+            _log(self.log_dir, f"NEW CLIENT {pid} from user {uid}: Server already exists")
+            return "ok"
         if cmd == "get_server_list" and not args:
             return ""
         if cmd == "quit" and not args:
@@ -103,11 +110,13 @@ class Daemon:
     def serve(self, listener):
         while self.running:
             conn, _ = listener.accept()
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            peer = struct.unpack("3i", creds)
             with conn, conn.makefile("rwb") as stream:
                 for raw in stream:
                     line = raw.decode("utf-8", "replace").strip()
                     _log(self.log_dir, f"cmd {line}")
-                    stream.write((self.answer(line) + "\n").encode())
+                    stream.write((self.answer(line, peer) + "\n").encode())
                     stream.flush()
 
 

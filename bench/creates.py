@@ -80,18 +80,19 @@ def running_daemon(bin_dir: str, env: dict[str, str], prefix: tuple[str, ...] = 
 
 
 def daemon_cpu(pid: int) -> float:
-    """CPU seconds of the daemon ``pid``, its live workers and those it reaped."""
+    """CPU seconds of the daemon ``pid``, its live workers (with the children they
+    reaped: the ld-cache step's ldconfig) and those it reaped."""
 
-    def times(p: int, reaped: bool) -> float:
+    def times(p: int) -> float:
         try:
             fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
         except OSError:
             return 0.0
-        ticks = sum(int(f) for f in fields[11 : 15 if reaped else 13])  # utime stime [cu cs]
+        ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
         return ticks / os.sysconf("SC_CLK_TCK")
 
     children = open(f"/proc/{pid}/task/{pid}/children").read().split()
-    return times(pid, True) + sum(times(int(c), False) for c in children)
+    return times(pid) + sum(times(int(c)) for c in children)
 
 
 def edited_bundle(bundle: str, cid: str, env: dict[str, str]) -> None:

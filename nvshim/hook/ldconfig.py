@@ -5,14 +5,19 @@ ld.so cache, and if every library in the folders already resolves through the
 container's ``/etc/ld.so.cache`` (parsed here, fd-based), nothing runs. Otherwise the
 folders are
 listed in ``/etc/ld.so.conf.d/00-nvshim.conf`` and the *host's* statically linked
-ldconfig, opened as an fd before anything else, runs in a child that makes its own
-private mount namespace, detaches every procfs mount under the root (no magic link such
-as ``/proc/1/root`` can lead it out), chroots into the root by fd and fexecve()s the fd
-with an almost empty environment. Nothing from the image is ever executed.
+ldconfig, opened as an fd before anything else, runs sealed: a thread of its own makes a
+private copy of the mount namespace, detaches every procfs mount under the root (no
+magic link such as ``/proc/1/root`` can lead it out), copies the ldconfig fd's bytes into
+a detached tmpfs that becomes the thread's root and ``posix_spawn``s it from there, with
+an almost empty environment and the root (checked against the root's fd) as its working
+directory, into which ``ldconfig -r .`` chroots before it reads anything: no fork of the
+calling process, whose pages a fork would copy. Nothing from
+the image is ever executed.
 """
 
 from __future__ import annotations
 
+import _thread
 import errno
 import fcntl
 import os
@@ -392,32 +397,37 @@ def _included(root: RootFS, path: str) -> list[str]:
 
 
 def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
-    """Run the host ldconfig (``ldconfig_fd``) chrooted into ``root`` in a sealed child."""
-    root_path = os.readlink(f"self/fd/{root.fd}", dir_fd=kernel.host_proc())
-    root_id = os.fstat(root.fd)
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - exec'd or _exit'ed; checked through its output
+    """Run the host ldconfig (``ldconfig_fd``) chrooted into ``root``, sealed: from a
+    thread of its own, in a private copy of the caller's mount namespace (``_seal``),
+    started with ``posix_spawn`` (a vfork: no copy of this process's pages)."""
+    proc = kernel.host_proc()
+    root_path = os.readlink(f"self/fd/{root.fd}", dir_fd=proc)  # as this thread sees it
+    root_st = os.fstat(root.fd)
+    ns_fd = os.open("thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    outcome: dict[str, object] = {}
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def sealed() -> None:
         try:
-            os.close(read_end)
-            null = os.open("/dev/null", os.O_RDWR)  # the host's, before leaving it
-            _enter_sealed_root(root_path, (root_id.st_dev, root_id.st_ino))
-            keep = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (null, write_end, ldconfig_fd)]
-            for target, fd in ((0, keep[0]), (1, keep[1]), (2, keep[1]), (3, keep[2])):
-                os.dup2(fd, target)
-            os.closerange(4, os.sysconf("SC_OPEN_MAX"))
-            os.execve(3, ["ldconfig", *folders], LDCONFIG_ENV)
-        except BaseException as err:  # noqa: BLE001 - the parent reports it
-            message = f"nvshim: {type(err).__name__}: {err}\n".encode()
-            for fd in (write_end, 2):  # write_end is closed once the fds are rearranged
-                try:
-                    os.write(fd, message)
-                    break
-                except OSError:
-                    continue
+            outcome["child"] = _seal_and_spawn(
+                ns_fd, root_path, (root_st.st_dev, root_st.st_ino), ldconfig_fd, folders
+            )
+        except BaseException as err:  # noqa: BLE001 - reported by the caller
+            outcome["error"] = err
         finally:
-            os._exit(127)
-    os.close(write_end)
+            done.release()  # the thread ends: its namespace goes once ldconfig exits
+
+    try:
+        _thread.start_new_thread(sealed, ())
+        done.acquire()
+    finally:
+        os.close(ns_fd)
+    if "error" in outcome:
+        err = outcome["error"]
+        detail = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise NvshimError(f"host ldconfig in the container root failed: {detail}")
+    child, read_end = outcome["child"]
     output, status = _collect(read_end, child)
     if status != 0:
         first = output.decode("utf-8", "replace").strip().splitlines()
@@ -425,10 +435,54 @@ def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
         raise NvshimError(f"host ldconfig in the container root failed: {detail}")
 
 
-def _enter_sealed_root(root_path: str, root_id: tuple[int, int]) -> None:
-    """In a forked child: private mount namespace, procfs under the root detached, chroot."""
-    kernel.unshare(kernel.CLONE_NEWNS)
-    kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+def _seal_and_spawn(
+    ns_fd: int, root_path: str, root_id: tuple[int, int], ldconfig_fd: int, folders: list[str]
+) -> tuple[int, int]:
+    """In a thread of its own: a private copy of the mount namespace ``ns_fd`` with every
+    procfs under the root detached (no magic link such as ``/proc/1/root`` can lead out);
+    the host ldconfig copied (from its fd) into a detached tmpfs, this thread's root;
+    ldconfig spawned from there with an almost empty environment, in the root (checked to
+    be ``root_id``) as its working directory, into which its ``-r .`` chroots first;
+    ``(pid, read end of its output)``."""
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)  # the host's, before leaving it
+    fds = [null]
+    try:
+        kernel.unshare(kernel.CLONE_FS)  # this thread's root and cwd only
+        kernel.setns(ns_fd, kernel.CLONE_NEWNS)
+        kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+        _detach_procfs(root_path)
+        top = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fds.append(top)
+        st = os.fstat(top)
+        if (st.st_dev, st.st_ino) != root_id:
+            raise OSError(errno.ESTALE, "container root changed", root_path)
+        size = os.fstat(ldconfig_fd).st_size
+        tmpfs = kernel.private_tmpfs(f"{(size >> 10) + 64}k")  # detached: only this thread
+        fds.append(tmpfs)
+        _copy_in(ldconfig_fd, size, tmpfs)
+        os.fchdir(tmpfs)
+        os.chroot(".")  # "/ldconfig" is the copy; nothing of the root can be executed
+        os.fchdir(top)  # ldconfig -r . chroots into its working directory: the root
+        read_end, write_end = os.pipe()
+        fds.append(write_end)
+        actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, write_end, 1),
+                   (os.POSIX_SPAWN_DUP2, write_end, 2), *_close_inherited()]  # fmt: skip
+        try:
+            argv = ["ldconfig", "-r", ".", *folders]
+            child = os.posix_spawn("/ldconfig", argv, LDCONFIG_ENV, file_actions=actions)
+        except BaseException:
+            os.close(read_end)
+            raise
+        return child, read_end
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _detach_procfs(root_path: str) -> None:
+    """Detach every procfs mount at or under ``root_path`` in this thread's (private)
+    mount namespace; raise when one is left."""
     for _ in range(2):
         procs = _proc_mounts_under(root_path)
         if not procs:
@@ -441,18 +495,45 @@ def _enter_sealed_root(root_path: str, root_id: tuple[int, int]) -> None:
                     raise
     if _proc_mounts_under(root_path):
         raise OSError(errno.EBUSY, "a procfs mount under the container root could not be hidden")
-    fd = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != root_id:
-        raise OSError(errno.ESTALE, "container root changed", root_path)
-    os.fchdir(fd)
-    os.chroot(".")
-    os.chdir("/")
-    os.close(fd)
+
+
+def _copy_in(ldconfig_fd: int, size: int, tmpfs: int) -> None:
+    """The host ldconfig's bytes, read through its checked fd, as ``ldconfig`` (mode
+    0500) in the detached tmpfs ``tmpfs`` (closed before it is executed)."""
+    out = os.open("ldconfig", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o500,
+                  dir_fd=tmpfs)  # fmt: skip
+    try:
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(out, ldconfig_fd, offset, size - offset)
+            if sent == 0:
+                raise OSError(errno.EIO, "the host ldconfig shrank while copied")
+            offset += sent
+    finally:
+        os.close(out)
+
+
+def _close_inherited() -> list[tuple[int, int]]:
+    """``posix_spawn`` actions closing every fd above 2 this process would pass on."""
+    proc = kernel.host_proc()
+    listing = os.open("self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        numbers = [int(n) for n in os.listdir(listing) if n.isdigit()]
+    finally:
+        os.close(listing)
+    actions = []
+    for fd in numbers:
+        if fd > 2 and fd != listing:
+            try:
+                if not fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC:
+                    actions.append((os.POSIX_SPAWN_CLOSE, fd))
+            except OSError:
+                continue
+    return actions
 
 
 def _proc_mounts_under(root_path: str) -> list[str]:
-    """Mount points of procfs mounts at or below ``root_path`` (from mountinfo)."""
+    """Mount points of procfs mounts at or below ``root_path`` (this thread's mountinfo)."""
     prefix = root_path.rstrip("/") + "/"
     found = []
     for point, fstype, _options in mounts():

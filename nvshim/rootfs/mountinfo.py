@@ -34,9 +34,10 @@ def unescape(field: str) -> str:
 
 def mounts(path: str | None = None) -> Iterator[tuple[str, str, list[str]]]:
     """``(mount point, fstype, super options)`` for each line of a mountinfo file;
-    this process's own (through the host procfs, ``kernel.host_proc``) by default."""
+    the calling thread's own (through the host procfs, ``kernel.host_proc``: a thread may
+    have a mount namespace of its own) by default."""
     if path is None:
-        fd = os.open("self/mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=host_proc())
+        fd = os.open("thread-self/mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=host_proc())
         source: int | str = fd
     else:
         source = path

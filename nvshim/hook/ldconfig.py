@@ -17,7 +17,6 @@ the image is ever executed.
 
 from __future__ import annotations
 
-import _thread
 import errno
 import fcntl
 import os
@@ -32,6 +31,7 @@ from nvshim.ldcache import LdCacheError, parse_ld_cache
 from nvshim.rootfs import kernel
 from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 from nvshim.rootfs.mountinfo import mounts
+from nvshim.rootfs.namespace import in_thread
 
 HOST_LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
 CACHE = "/etc/ld.so.cache"
@@ -398,36 +398,26 @@ def _included(root: RootFS, path: str) -> list[str]:
 
 def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
     """Run the host ldconfig (``ldconfig_fd``) chrooted into ``root``, sealed: from a
-    thread of its own, in a private copy of the caller's mount namespace (``_seal``),
+    thread of its own, in a private copy of the caller's mount namespace (``_seal_and_spawn``),
     started with ``posix_spawn`` (a vfork: no copy of this process's pages)."""
     proc = kernel.host_proc()
     root_path = os.readlink(f"self/fd/{root.fd}", dir_fd=proc)  # as this thread sees it
     root_st = os.fstat(root.fd)
     ns_fd = os.open("thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
-    outcome: dict[str, object] = {}
-    done = _thread.allocate_lock()
-    done.acquire()
-
-    def sealed() -> None:
-        try:
-            outcome["child"] = _seal_and_spawn(
-                ns_fd, root_path, (root_st.st_dev, root_st.st_ino), ldconfig_fd, folders
-            )
-        except BaseException as err:  # noqa: BLE001 - reported by the caller
-            outcome["error"] = err
-        finally:
-            done.release()  # the thread ends: its namespace goes once ldconfig exits
-
     try:
-        _thread.start_new_thread(sealed, ())
-        done.acquire()
+        child, read_end = in_thread(
+            _seal_and_spawn,
+            ns_fd,
+            root_path,
+            (root_st.st_dev, root_st.st_ino),
+            ldconfig_fd,
+            folders,
+        )
+    except Exception as err:  # noqa: BLE001 - one line, as ldconfig's own failures
+        detail = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise NvshimError(f"host ldconfig in the container root failed: {detail}") from None
     finally:
         os.close(ns_fd)
-    if "error" in outcome:
-        err = outcome["error"]
-        detail = err.strerror if isinstance(err, OSError) and err.strerror else err
-        raise NvshimError(f"host ldconfig in the container root failed: {detail}")
-    child, read_end = outcome["child"]
     output, status = _collect(read_end, child)
     if status != 0:
         first = output.decode("utf-8", "replace").strip().splitlines()

@@ -60,26 +60,39 @@ def in_mount_ns(pid: int, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     ns_fd = os.open(_ns_path(pid), os.O_RDONLY | os.O_CLOEXEC)
     kernel.host_proc()  # opened now: inside, /proc is the container's
+
+    def inside() -> Any:
+        kernel.unshare(kernel.CLONE_FS)  # this thread's cwd and root only
+        kernel.setns(ns_fd, kernel.CLONE_NEWNS)
+        os.chdir("/")
+        return fn(*args)
+
+    try:
+        return in_thread(inside)  # the thread ends with it: its namespace goes with it
+    except BaseException as err:  # noqa: BLE001 - one line for the caller
+        raise NvshimError(one_line(err)) from None
+    finally:
+        os.close(ns_fd)
+
+
+def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a new thread, which may change its own filesystem context and
+    mount namespace (``unshare(CLONE_FS)`` first) without touching this one's; its
+    result, or what it raised, raised here."""
     outcome: dict[str, Any] = {}
     done = _thread.allocate_lock()
     done.acquire()
 
-    def inside() -> None:
+    def body() -> None:
         try:
-            kernel.unshare(kernel.CLONE_FS)  # this thread's cwd and root only
-            kernel.setns(ns_fd, kernel.CLONE_NEWNS)
-            os.chdir("/")
             outcome["result"] = fn(*args)
-        except BaseException as err:  # noqa: BLE001 - one line for the caller
-            outcome["error"] = one_line(err)
+        except BaseException as err:  # noqa: BLE001 - raised again by the caller
+            outcome["error"] = err
         finally:
-            done.release()  # the thread ends here: its namespace goes with it
+            done.release()
 
-    try:
-        _thread.start_new_thread(inside, ())
-        done.acquire()
-    finally:
-        os.close(ns_fd)
+    _thread.start_new_thread(body, ())
+    done.acquire()
     if "error" in outcome:
-        raise NvshimError(outcome["error"])
+        raise outcome["error"]
     return outcome.get("result")

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -204,6 +205,41 @@ def test_reachability_counts_only_libraries_with_a_soname(tmp_path):
     assert result.get("ok") == ["updated", [], [f"{folder}/libnew.so.2.0"]], result
     assert (root / "etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
     assert folder in (root / "etc/ld.so.conf.d/00-nvshim.conf").read_text().splitlines()
+
+
+def test_ldconfig_runs_sealed_from_a_tmpfs_holding_only_itself(tmp_path):
+    """The ld-cache step's sandbox, seen from inside by a static stand-in for ldconfig:
+    no fd above 2, ``-r .`` and ``LC_ALL=C`` only, a root holding nothing but its own
+    copy, and after its chroot the container root, whose procfs (mounted here as runc
+    does) is detached."""
+    probe = tmp_path / "ldconfig"
+    source = os.path.join(os.path.dirname(__file__), "sim", "ldconfig_probe.c")
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(probe), source], check=True)
+    root = tmp_path / "rootfs"
+    build_stub_library(root / "usr/lib/x86_64-linux-gnu/libcuda.so.550.90.12", "libcuda.so.1")
+    for folder in ("etc", "lib64", "proc"):
+        (root / folder).mkdir(exist_ok=True)
+    (root / "lib64/ld-linux-x86-64.so.2").write_bytes(b"\x7fELF loader")
+    leak = os.open(str(tmp_path), os.O_RDONLY)
+    os.set_inheritable(leak, True)  # an fd a caller left open must not reach ldconfig
+
+    def work():
+        subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
+        fd = open_host_ldconfig(str(probe))
+        with RootFS(str(root)) as fs:
+            update_ldcache(fs, ["/usr/lib/x86_64-linux-gnu"], fd)
+
+    try:
+        result = in_private_mount_ns(work)
+    finally:
+        os.close(leak)
+    line = result.get("error", "").split("failed: ", 1)[-1]
+    seen = dict(field.split("=", 1) for field in line.removeprefix("probe ").split(" "))
+    assert seen["fds"] == "", line  # nothing inherited past stdio
+    assert seen["args"] == "-r,.,/usr/lib/x86_64-linux-gnu" and seen["env"] == "LC_ALL=C;"
+    assert seen["top"] == "ldconfig", line  # its own root: the tmpfs, nothing of the image
+    assert sorted(seen["root"].split(",")) == sorted(os.listdir(root)), line
+    assert seen["proc"] == "", line  # the procfs under the root is detached
 
 
 def test_prestart_runs_only_our_finishing_steps():

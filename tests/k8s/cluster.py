@@ -442,6 +442,7 @@ class Cluster:
         self.containerd_bin = ""
         self.crio_dir = ""
         self.crio_storage = self.workdir / "crio-storage"  # on the real filesystem
+        self._imported: set[tuple[str, int, int]] = set()  # archives (import_image)
 
     @property
     def name(self) -> str:
@@ -959,7 +960,13 @@ class Cluster:
     def import_image(self, archive: str | os.PathLike) -> None:
         """Import a docker or OCI archive into the engine's images: containerd's ``k8s.io``
         namespace, or CRI-O's store through podman (its names usable by pods with
-        ``imagePullPolicy: IfNotPresent`` / a non-latest tag)."""
+        ``imagePullPolicy: IfNotPresent`` / a non-latest tag). An archive this cluster has
+        imported already (same path, size and mtime) is not imported again: the images
+        stay (the kubelet's image GC never starts here, nothing removes them)."""
+        stat = os.stat(archive)
+        key = (os.path.realpath(archive), stat.st_size, stat.st_mtime_ns)
+        if key in self._imported:
+            return
         deadline = time.monotonic() + 30
         while True:
             if self.engine == "crio":
@@ -967,6 +974,7 @@ class Cluster:
             else:
                 proc = self.ctr("images", "import", os.fspath(archive))
             if proc.returncode == 0:
+                self._imported.add(key)
                 return
             # containerd may be restarting (an installer signalled it): retry a while
             if time.monotonic() > deadline:

@@ -1033,6 +1033,26 @@ class Cluster:
         name = "crio" if self.engine == "crio" else "containerd"
         raise ClusterError(f"{name} did not come back:\n{self.log(name)}")
 
+    def remove_ended_sandboxes(self, namespace: str) -> int:
+        """Remove the ended (not ready) pod sandboxes of ``namespace``, and so their
+        containers, through the engine's CRI: what the kubelet's container GC does for
+        deleted pods, once a minute. How many were removed."""
+        import grpc
+        from cri_api.v1 import api_pb2, api_pb2_grpc
+
+        ended = api_pb2.PodSandboxFilter(
+            state=api_pb2.PodSandboxStateValue(state=api_pb2.SANDBOX_NOTREADY),
+            label_selector={"io.kubernetes.pod.namespace": namespace},
+        )
+        with grpc.insecure_channel(f"unix://{self.path(self.socket)}") as ch:
+            cri = api_pb2_grpc.RuntimeServiceStub(ch)
+            found = cri.ListPodSandbox(api_pb2.ListPodSandboxRequest(filter=ended), timeout=30)
+            for sandbox in found.items:
+                cri.RemovePodSandbox(
+                    api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=60
+                )
+        return len(found.items)
+
     def log(self, name: str, tail: int = 4000) -> str:
         """The last ``tail`` characters of a component's log (nsinit, etcd, kube-apiserver,
         containerd or crio, kubelet, kube-controller-manager, kube-scheduler)."""

@@ -533,6 +533,15 @@ def test_run_serves_publishes_and_cleans_up_on_sigterm(api, sim, short_tmp):
             time.sleep(0.2)
         assert os.path.exists(dra)
         assert len(slices.node_slices(api.kube, "run-node")[0]["spec"]["devices"]) > 0
+        # a kubelet that starts deletes the node's slices, then registers the plugin: they
+        # are back within a few ticks, not at the next resync (a minute)
+        assert slices.withdraw(api.kube, "run-node") == 1
+        _call(reg, "pluginregistration.Registration", "NotifyRegistrationStatus",
+              {"plugin_registered": True}, wire.REGISTRATION_STATUS, wire.EMPTY)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not slices.node_slices(api.kube, "run-node"):
+            time.sleep(0.2)
+        assert slices.node_slices(api.kube, "run-node")
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)

@@ -33,6 +33,10 @@ SHOW = (
     'echo "cvd=$CUDA_VISIBLE_DEVICES"; env | grep ^CUDA_MPS_ | sed "s/^/mps:/"; '
     "ls /run/nvidia-mps 2>/dev/null | sed 's/^/pipe=/'; true"
 )
+# a container that runs until its pod is deleted: as a well-behaved workload, it ends on the
+# kubelet's SIGTERM (a shell as PID 1 ignores it, and its pod's deletion would wait out the
+# 30 s grace period)
+HOLD = "trap 'exit 0' TERM; sleep 3600 & wait"
 
 
 FAKE_CONTROL_LAUNCHER = """#!/bin/sh
@@ -140,7 +144,15 @@ def ns(cluster):
     k8s.kubectl("create", "namespace", name)
     k8s.wait_service_account(name)
     yield name
-    k8s.kubectl("delete", "namespace", name, "--wait=true", "--timeout=60s", check=False)
+    # what the next test must not meet: this one's pods, its claims (allocated devices) and
+    # their CDI specs (prepared claims). The namespace itself goes without waiting: its
+    # controller starts on a deleted namespace only 5 s later.
+    k8s.kubectl("delete", "pods,resourceclaims", "--all", "-n", name, "--wait=true",
+                "--timeout=60s", check=False)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while _cdi_specs(k8s) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    k8s.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def _template(name: str, request: dict) -> dict:
@@ -321,7 +333,7 @@ def _cdi_specs(k8s) -> list[str]:
 def test_plugin_restart_keeps_prepared_claims(cluster, ns):
     k8s, plugin = cluster
     _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
-           _pod("p", {"resourceClaimTemplateName": "one"}, SHOW + "; sleep 3600"))  # fmt: skip
+           _pod("p", {"resourceClaimTemplateName": "one"}, SHOW + "; " + HOLD))  # fmt: skip
     k8s.wait("pod/p", "-n", ns, "--for=condition=Ready", timeout=90)
     (spec,) = _cdi_specs(k8s)
     plugin.stop()
@@ -332,28 +344,20 @@ def test_plugin_restart_keeps_prepared_claims(cluster, ns):
     _wait(lambda: _cdi_specs(k8s) == [], 60, plugin.log)  # unprepared by the new plugin
 
 
-def _kubelet_pid(k8s) -> int:
+def _kubelet_pids(k8s) -> list[int]:
     override = f"--hostname-override={NODE_NAME}".encode()
-    found = k8s.pids(lambda argv: argv[0].endswith(b"/kubelet") and override in argv)
-    if not found:
-        raise AssertionError("no kubelet")
-    return found[0]
+    return k8s.pids(lambda argv: argv[0].endswith(b"/kubelet") and override in argv)
 
 
 def test_kubelet_restart_registers_the_plugin_again(cluster, ns):
     k8s, plugin = cluster
-    old = _kubelet_pid(k8s)
-    with open(f"/proc/{old}/cmdline", "rb") as fh:
-        argv = [a.decode() for a in fh.read().split(b"\0") if a]
-    with open(f"/proc/{old}/environ", "rb") as fh:
-        env = dict(e.decode().split("=", 1) for e in fh.read().split(b"\0") if b"=" in e)
+    (old,) = _kubelet_pids(k8s)
     registered = plugin.registrations()
     os.kill(old, signal.SIGTERM)
     _wait(lambda: not os.path.exists(f"/proc/{old}"), 30)
-    # nsinit does not restart the kubelet: start it again as systemd would
-    log = open(os.path.join(k8s.workdir, "kubelet-restarted.log"), "ab")  # noqa: SIM115
-    subprocess.Popen(["nsenter", f"--target={k8s.pid}", "--mount", "--net", "--pid", "--", *argv],
-                     env=env, stdout=log, stderr=log)  # fmt: skip
+    # the cluster's supervisor starts it again, as systemd's Restart=always would (a second
+    # kubelet started here would fight it for the node)
+    _wait(lambda: _kubelet_pids(k8s) not in ([], [old]), 30, lambda: k8s.log("nsinit"))
     _wait(lambda: plugin.registrations() > registered, 90, plugin.log)
     k8s.wait("node", NODE_NAME, "--for=condition=Ready", timeout=90)
     _apply(k8s, ns, _template("one", {"deviceClassName": "gpu.nvshim.io"}),
@@ -496,7 +500,7 @@ def _running_mps_pod(k8s, ns: str, name: str) -> None:
     template["spec"]["spec"]["devices"]["config"] = [
         {"opaque": {"driver": "gpu.nvshim.io", "parameters": params}}
     ]
-    _apply(k8s, ns, template, _pod(name, {"resourceClaimTemplateName": "mps"}, "sleep 3600"))
+    _apply(k8s, ns, template, _pod(name, {"resourceClaimTemplateName": "mps"}, HOLD))
     _wait(lambda: _ready(k8s, ns, name), 120, lambda: _events(k8s, ns, name))
 
 

@@ -535,7 +535,7 @@ def test_mps_from_the_sharing_configmap(node):
 
 def test_rolling_update_to_a_second_tag_with_a_gpu_pod_running(node):
     k8s = node.k8s
-    k8s.import_node_image(TAG2)
+    k8s.tag_image(TAG, TAG2)  # as an import of the archive tagged TAG2 would: the same image
     before = node.installer_pod()["metadata"]["name"]
     node.kubectl("-n", "nvshim", "set", "image", "daemonset/nvshim-node",
                  f"nvshim-node={TAG2}", f"exporter={TAG2}")  # fmt: skip
@@ -624,9 +624,12 @@ def test_delete_k_restores_and_leaves_running_pods_manageable(node):
     # every other pod that ran through nvshim (a finished one keeps its sandbox) goes too
     node.kubectl("delete", "pods", "--all", "-n", node.ns, timeout=120)
     # the node as it was before the install (what the host had stays, an empty /etc/nvshim
-    # too), once the kubelet has stopped the last sandbox (after the API object)
-    deadline = time.monotonic() + 120  # (CRI-O: the kubelet's container GC removes them)
+    # too), once the kubelet has stopped the last sandbox (after the API object) and the
+    # ended sandboxes are removed (CRI-O keeps them until the kubelet's container GC, once
+    # a minute, removes them: that CRI call made here)
+    deadline = time.monotonic() + 120
     while host_state(k8s) != node.host_before and time.monotonic() < deadline:
+        k8s.remove_ended_sandboxes(node.ns)
         time.sleep(0.5)
     assert host_state(k8s) == node.host_before
 

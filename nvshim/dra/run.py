@@ -6,8 +6,11 @@ seconds the host key (the CDI refresh key, ``nvshim.cdi.refresh.host_key``) and 
 device layout (GPUs, MIG mode, MIG devices and profiles: a MIG reconfiguration need not
 touch any file the key reads) are checked, and a change rediscovers and republishes; every
 ``resync`` seconds the slices are compared with the API server's anyway (a deleted slice
-comes back). SIGTERM/SIGINT stop it,
-removing its sockets (and its checkpoint when no claim is prepared).
+comes back), and on every tick for ``REGISTERED_RECHECK`` seconds after the kubelet
+registers the plugin: a kubelet that starts deletes the node's slices (it cannot know which
+drivers come back), so a kubelet restart would otherwise leave the node's GPUs unadvertised
+until the next resync. SIGTERM/SIGINT stop it, removing its sockets (and its checkpoint
+when no claim is prepared).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from nvshim.dra.server import Plugin, log, socket_paths
 from nvshim.errors import NvshimError
 
 KEY_OPTIONS = {"sink": "dra-resourceslices"}
+REGISTERED_RECHECK = 10.0  # seconds of per-tick slice checks after a registration
 
 
 class Publisher:
@@ -124,9 +128,13 @@ def run(
     plugin = Plugin(driver, kubelet_dir)
     plugin.start()
     publisher = Publisher(kube, node, driver, driver_root, dev_root)
+    registrations, recheck_until = 0, 0.0
     try:
         while not stop.is_set():
-            publisher.tick(resync)
+            if plugin.registrations != registrations:  # a kubelet (re)started
+                registrations = plugin.registrations
+                recheck_until = time.monotonic() + REGISTERED_RECHECK
+            publisher.tick(0.0 if time.monotonic() < recheck_until else resync)
             stop.wait(interval)
     finally:
         plugin.stop()

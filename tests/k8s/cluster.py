@@ -442,6 +442,7 @@ class Cluster:
         self.containerd_bin = ""
         self.crio_dir = ""
         self.crio_storage = self.workdir / "crio-storage"  # on the real filesystem
+        self._imported: set[tuple[str, int, int]] = set()  # archives (import_image)
 
     @property
     def name(self) -> str:
@@ -959,7 +960,13 @@ class Cluster:
     def import_image(self, archive: str | os.PathLike) -> None:
         """Import a docker or OCI archive into the engine's images: containerd's ``k8s.io``
         namespace, or CRI-O's store through podman (its names usable by pods with
-        ``imagePullPolicy: IfNotPresent`` / a non-latest tag)."""
+        ``imagePullPolicy: IfNotPresent`` / a non-latest tag). An archive this cluster has
+        imported already (same path, size and mtime) is not imported again: the images
+        stay (the kubelet's image GC never starts here, nothing removes them)."""
+        stat = os.stat(archive)
+        key = (os.path.realpath(archive), stat.st_size, stat.st_mtime_ns)
+        if key in self._imported:
+            return
         deadline = time.monotonic() + 30
         while True:
             if self.engine == "crio":
@@ -967,6 +974,7 @@ class Cluster:
             else:
                 proc = self.ctr("images", "import", os.fspath(archive))
             if proc.returncode == 0:
+                self._imported.add(key)
                 return
             # containerd may be restarting (an installer signalled it): retry a while
             if time.monotonic() > deadline:
@@ -1024,6 +1032,26 @@ class Cluster:
             time.sleep(0.05)
         name = "crio" if self.engine == "crio" else "containerd"
         raise ClusterError(f"{name} did not come back:\n{self.log(name)}")
+
+    def remove_ended_sandboxes(self, namespace: str) -> int:
+        """Remove the ended (not ready) pod sandboxes of ``namespace``, and so their
+        containers, through the engine's CRI: what the kubelet's container GC does for
+        deleted pods, once a minute. How many were removed."""
+        import grpc
+        from cri_api.v1 import api_pb2, api_pb2_grpc
+
+        ended = api_pb2.PodSandboxFilter(
+            state=api_pb2.PodSandboxStateValue(state=api_pb2.SANDBOX_NOTREADY),
+            label_selector={"io.kubernetes.pod.namespace": namespace},
+        )
+        with grpc.insecure_channel(f"unix://{self.path(self.socket)}") as ch:
+            cri = api_pb2_grpc.RuntimeServiceStub(ch)
+            found = cri.ListPodSandbox(api_pb2.ListPodSandboxRequest(filter=ended), timeout=30)
+            for sandbox in found.items:
+                cri.RemovePodSandbox(
+                    api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=60
+                )
+        return len(found.items)
 
     def log(self, name: str, tail: int = 4000) -> str:
         """The last ``tail`` characters of a component's log (nsinit, etcd, kube-apiserver,

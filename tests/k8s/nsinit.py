@@ -9,9 +9,9 @@ restarts each one ``restart_delay`` after it exits (as systemd's ``Restart=alway
 kubelet that finds no runtime yet exits), keeps each one's pid in ``pid_dir/NAME.pid`` (the
 node's ``systemctl`` stand-in restarts the engine through it), logs every exit to ``exits``
 in the state dir, reaps every orphan, and writes ``ready`` in the state directory once the
-node is Ready and the default service account exists. SIGTERM stops the components in
-reverse order; when this process ends the kernel kills whatever is left in the PID
-namespace.
+node is Ready and the default service account exists. SIGTERM stops the components (all
+at once, killed after a short grace); when this process ends the kernel kills whatever is
+left in the PID namespace.
 """
 
 from __future__ import annotations
@@ -100,12 +100,16 @@ class Component:
                 fh.write(f"{self.proc.pid}\n")
             os.rename(self.pid_path + ".new", self.pid_path)
 
-    def stop(self, grace: float) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def wait(self, deadline: float) -> None:
+        """Wait for it to end until ``deadline`` (monotonic), then kill it."""
+        if self.proc is None:
             return
-        self.proc.terminate()
         try:
-            self.proc.wait(grace)
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -200,10 +204,16 @@ def main(spec_path: str) -> int:
                 with open(os.path.join(state, "ready"), "w") as fh:
                     fh.write("ready\n")
         time.sleep(0.1 if not ready else 0.25)
+    # all at once, each given the same grace: the cluster's state is thrown away, so a
+    # graceful shutdown serves nothing (the API server's alone can drain for 5 s)
     log("stopping")
+    began = time.monotonic()
     for comp in reversed(comps):
         comp.restart = False
-        comp.stop(spec.get("grace", 5.0))
+        comp.terminate()
+    for comp in reversed(comps):
+        comp.wait(began + spec.get("grace", 2.0))
+        log(f"{comp.name} stopped after {time.monotonic() - began:.2f}s")
     log("stopped")
     return 0
 

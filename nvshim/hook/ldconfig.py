@@ -400,24 +400,17 @@ def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
     """Run the host ldconfig (``ldconfig_fd``) chrooted into ``root``, sealed: from a
     thread of its own, in a private copy of the caller's mount namespace (``_seal_and_spawn``),
     started with ``posix_spawn`` (a vfork: no copy of this process's pages)."""
-    proc = kernel.host_proc()
-    root_path = os.readlink(f"self/fd/{root.fd}", dir_fd=proc)  # as this thread sees it
+    root_path = os.readlink(f"self/fd/{root.fd}", dir_fd=kernel.host_proc())  # as we see it
     root_st = os.fstat(root.fd)
-    ns_fd = os.open("thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
-    try:
+    try:  # the thread starts in this thread's mount namespace, with its root and cwd
         child, read_end = in_thread(
-            _seal_and_spawn,
-            ns_fd,
-            root_path,
-            (root_st.st_dev, root_st.st_ino),
-            ldconfig_fd,
-            folders,
+            _seal_and_spawn, root_path, (root_st.st_dev, root_st.st_ino), ldconfig_fd, folders
         )
     except Exception as err:  # noqa: BLE001 - one line, as ldconfig's own failures
-        detail = err.strerror if isinstance(err, OSError) and err.strerror else err
+        detail = err
+        if isinstance(err, OSError) and err.strerror:
+            detail = f"{err.filename}: {err.strerror}" if err.filename else err.strerror
         raise NvshimError(f"host ldconfig in the container root failed: {detail}") from None
-    finally:
-        os.close(ns_fd)
     output, status = _collect(read_end, child)
     if status != 0:
         first = output.decode("utf-8", "replace").strip().splitlines()
@@ -426,9 +419,9 @@ def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
 
 
 def _seal_and_spawn(
-    ns_fd: int, root_path: str, root_id: tuple[int, int], ldconfig_fd: int, folders: list[str]
+    root_path: str, root_id: tuple[int, int], ldconfig_fd: int, folders: list[str]
 ) -> tuple[int, int]:
-    """In a thread of its own: a private copy of the mount namespace ``ns_fd`` with every
+    """In a thread of its own: a private copy of its mount namespace with every
     procfs under the root detached (no magic link such as ``/proc/1/root`` can lead out);
     the host ldconfig copied (from its fd) into a detached tmpfs, this thread's root;
     ldconfig spawned from there with an almost empty environment, in the root (checked to
@@ -437,9 +430,8 @@ def _seal_and_spawn(
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)  # the host's, before leaving it
     fds = [null]
     try:
-        kernel.unshare(kernel.CLONE_FS)  # this thread's root and cwd only
-        kernel.setns(ns_fd, kernel.CLONE_NEWNS)
-        kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.unshare(kernel.CLONE_FS)  # this thread's root and cwd only (a chroot kept)
+        kernel.unshare(kernel.CLONE_NEWNS)  # a copy of the caller's (setns would reset root)
         kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
         _detach_procfs(root_path)
         top = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

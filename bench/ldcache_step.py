@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""The ld-cache step's cost when it runs the host ldconfig, in the process that runs it
+(nvshim-runtime's create, a daemon worker, the hook): this tree against another one,
+paired round by round. Each round runs ``update_ldcache`` on fresh copies of a busybox
+image with a glibc loader and a driver library its cache does not reach, in a private
+mount namespace, in one interpreter per tree holding what a daemon worker holds
+(``nvshim.runtimed.server.preload``); it reports the wall time of the step and
+the CPU it costs, the caller's (``RUSAGE_SELF``: a fork's page-table copy lands here)
+and its children's (ldconfig, and a forked child's copy-on-write faults).
+
+Run as root: ``.venv/bin/python3 bench/ldcache_step.py --previous DIR [--rounds R]``
+(DIR: a tree holding an earlier nvshim package, e.g. from ``git archive``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIB = "/usr/lib/x86_64-linux-gnu"
+CALLS = 15  # per round and tree
+
+
+def inner(tree: str) -> None:
+    """In a private mount namespace: CALLS ld-cache steps of ``tree``'s nvshim; one JSON
+    line of per-call medians (ms)."""
+    sys.path[:0] = [tree, REPO]
+    from nvshim.hook.ldconfig import open_host_ldconfig, update_ldcache
+    from nvshim.rootfs.fsroot import RootFS
+    from nvshim.runtimed.server import preload
+    from tests.podman_util import make_busybox_rootfs
+    from tests.runc_util import build_stub_library
+
+    preload()  # what a daemon worker holds: a fork copies the page tables of all of it
+    work = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        golden = make_busybox_rootfs(os.path.join(work, "golden"))
+        build_stub_library(os.path.join(golden + LIB, "libcuda.so.550.90.12"), "libcuda.so.1")
+        wall, own, kids = [], [], []
+        for i in range(CALLS + 1):
+            root = os.path.join(work, f"root{i}")
+            shutil.copytree(golden, root, symlinks=True)
+            fd = open_host_ldconfig()
+            with RootFS(root) as fs:
+                s0, k0 = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                         resource.RUSAGE_CHILDREN))  # fmt: skip
+                t0 = time.perf_counter()
+                fields = update_ldcache(fs, [LIB], fd)
+                t1 = time.perf_counter()
+                s1, k1 = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                         resource.RUSAGE_CHILDREN))  # fmt: skip
+            os.close(fd)
+            if fields.get("ldcache") != "updated":
+                raise SystemExit(f"{tree}: ldconfig did not run: {fields}")
+            if i:  # the first call warms the imports
+                wall.append((t1 - t0) * 1000)
+                own.append((s1.ru_utime + s1.ru_stime - s0.ru_utime - s0.ru_stime) * 1000)
+                kids.append((k1.ru_utime + k1.ru_stime - k0.ru_utime - k0.ru_stime) * 1000)
+            shutil.rmtree(root)
+        print(json.dumps([statistics.median(v) for v in (wall, own, kids)]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_tree(tree: str) -> list[float]:
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, __file__,
+         "--inner", tree],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"{tree}: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--previous", help="a tree holding an earlier nvshim (required)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--inner", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.inner:
+        inner(opts.inner)
+        return
+    if not opts.previous:
+        parser.error("--previous DIR is required")
+    trees = {"this tree": REPO, "previous": os.path.abspath(opts.previous)}
+    figures: dict[str, list[list[float]]] = {name: [] for name in trees}
+    for _ in range(opts.rounds):
+        for name, tree in trees.items():
+            figures[name].append(run_tree(tree))
+    print(f"ld-cache step running ldconfig, {opts.rounds} rounds of {CALLS} calls "
+          "(ms, medians of the rounds' medians):")  # fmt: skip
+    for name, rows in figures.items():
+        wall, own, kids = (statistics.median(r[j] for r in rows) for j in range(3))
+        print(f"  {name:<10} wall {wall:5.2f}  CPU: caller {own:5.2f} + children {kids:5.2f}"
+              f" = {own + kids:5.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

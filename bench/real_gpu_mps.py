@@ -27,7 +27,7 @@ from bench.real_gpu_verdict import Failed, cuda_match, nodes_match, none_of
 from nvshim.mps import CONTAINER_PIPE_DIR as PIPE_DIR
 from nvshim.mps import PID_FILE
 from nvshim.mps.compute import EXCLUSIVE_PROCESS, mode_name
-from nvshim.mps.daemon import SHM_SOURCE, unmount_shm
+from nvshim.mps.daemon import SHM_SOURCE, is_alive, unmount_shm
 
 REPLICAS = 2
 # migStrategy mixed: nvidia.com/gpu is every GPU outside MIG mode (MPS on MIG is refused)
@@ -241,7 +241,7 @@ class MpsChecks:
         if proc is not None and proc.returncode != 0:
             problems.append(f"nvshim mps stop: exit {proc.returncode}: {_last(proc.stderr)}")
         for uuid, d in self.daemons.items():
-            if d["pid"] and alive(d["pid"]):
+            if d["pid"] and is_alive(d["pid"]):
                 problems.append(f"{uuid}: daemon {d['pid']} still ran: {self._end(uuid)}")
             shm = os.path.join(self.root, uuid, "shm")
             if os.path.ismount(shm):
@@ -328,15 +328,6 @@ def _server_logs(log_dir: str) -> list[str]:
         for name in names
         if name == "server.log"
     )
-
-
-def alive(pid: int) -> bool:
-    """Exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def _sections(stdout: str) -> dict[str, list[str]]:

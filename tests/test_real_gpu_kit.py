@@ -15,9 +15,9 @@ import time
 import pytest
 
 from bench.probe_image import PROBE_PATH, build_probe, host_probe_argv, probe_image
-from bench.real_gpu_mps import alive
 from nvshim.host.discover import discover_host
 from nvshim.mps import compute
+from nvshim.mps.daemon import is_alive
 from tests.conftest import REPO, write_config
 from tests.runc_util import build_stub_library, make_bundle, runc_run
 from tests.sim import fake_mps_control
@@ -311,7 +311,7 @@ def assert_mps_rows(sim, rows: dict[str, dict[str, str]]) -> None:
     assert all(f"{uuid} stopped" in stop for uuid in whole), stop
     assert stop.count("compute mode Default, persistence mode 1") == len(sim.gpu_uuids())
     assert set(compute_modes(sim).values()) == {compute.DEFAULT}
-    assert not [pid for _, pid in started if alive(int(pid))]
+    assert not [pid for _, pid in started if is_alive(int(pid))]
 
 
 def test_kit_on_a_simulated_host(tmp_path):
@@ -460,7 +460,7 @@ def test_mps_checks_stop_the_daemons_when_the_kit_is_interrupted(mps_kit):
         (MPS_CHECKS[3], "pass"),
     ], kit.results
     (daemon,) = mps.daemons.values()
-    assert daemon["compute_mode"] == "Exclusive_Process" and not alive(daemon["pid"])
+    assert daemon["compute_mode"] == "Exclusive_Process" and not is_alive(daemon["pid"])
     assert compute_modes(sim) == {sim.gpu_uuids()[0]: compute.DEFAULT}
 
 
@@ -532,10 +532,10 @@ def test_mps_stop_check_ends_what_a_failed_stop_left(mps_kit):
     ):
         assert part in stop.detail, stop.detail
     for _ in range(200):  # SIGTERM is asynchronous
-        if not alive(daemon["pid"]):
+        if not is_alive(daemon["pid"]):
             break
         time.sleep(0.01)
-    assert not alive(daemon["pid"]) and not os.path.ismount(shm)
+    assert not is_alive(daemon["pid"]) and not os.path.ismount(shm)
     assert compute_modes(sim) == {gpu: compute.DEFAULT}
 
 

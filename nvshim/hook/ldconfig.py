@@ -11,8 +11,7 @@ magic link such as ``/proc/1/root`` can lead it out), copies the ldconfig fd's b
 a detached tmpfs that becomes the thread's root and ``posix_spawn``s it from there, with
 an almost empty environment and the root (checked against the root's fd) as its working
 directory, into which ``ldconfig -r .`` chroots before it reads anything: no fork of the
-calling process, whose pages a fork would copy. Nothing from
-the image is ever executed.
+calling process, whose pages a fork would copy. Nothing from the image is ever executed.
 """
 
 from __future__ import annotations

@@ -164,8 +164,8 @@ class ContainerResult:
 
 
 class CriClient:
-    """A CRI client on a containerd socket; remembers the pods it ran so ``cleanup``
-    stops and removes them (containers included)."""
+    """A CRI client on an engine's CRI socket (containerd, CRI-O); remembers the pods it
+    ran so ``cleanup`` stops and removes them (containers included)."""
 
     def __init__(self, socket_path: str, timeout: float = 60.0) -> None:
         import grpc

@@ -1037,20 +1037,22 @@ class Cluster:
         """Remove the ended (not ready) pod sandboxes of ``namespace``, and so their
         containers, through the engine's CRI: what the kubelet's container GC does for
         deleted pods, once a minute. How many were removed."""
-        import grpc
-        from cri_api.v1 import api_pb2, api_pb2_grpc
+        from tests.cri_util import CriClient
 
-        ended = api_pb2.PodSandboxFilter(
-            state=api_pb2.PodSandboxStateValue(state=api_pb2.SANDBOX_NOTREADY),
-            label_selector={"io.kubernetes.pod.namespace": namespace},
-        )
-        with grpc.insecure_channel(f"unix://{self.path(self.socket)}") as ch:
-            cri = api_pb2_grpc.RuntimeServiceStub(ch)
-            found = cri.ListPodSandbox(api_pb2.ListPodSandboxRequest(filter=ended), timeout=30)
+        cri = CriClient(self.path(self.socket))
+        api = cri.api
+        try:
+            ended = api.PodSandboxFilter(
+                state=api.PodSandboxStateValue(state=api.SANDBOX_NOTREADY),
+                label_selector={"io.kubernetes.pod.namespace": namespace},
+            )
+            found = cri.runtime.ListPodSandbox(api.ListPodSandboxRequest(filter=ended), timeout=30)
             for sandbox in found.items:
-                cri.RemovePodSandbox(
-                    api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=60
+                cri.runtime.RemovePodSandbox(
+                    api.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=60
                 )
+        finally:
+            cri.close()
         return len(found.items)
 
     def log(self, name: str, tail: int = 4000) -> str:

@@ -4,7 +4,7 @@
 paired round by round. Each round runs ``update_ldcache`` on fresh copies of a busybox
 image with a glibc loader and a driver library its cache does not reach, in a private
 mount namespace, in one interpreter per tree holding what a daemon worker holds
-(``nvshim.runtimed.server.preload``); it reports the wall time of the step and
+(``nvshim.runtimed.server.preload``, and an fd for each of the slots' FIFOs); it reports the wall time of the step and
 the CPU it costs, the caller's (``RUSAGE_SELF``: a fork's page-table copy lands here)
 and its children's (ldconfig, and a forked child's copy-on-write faults).
 
@@ -36,11 +36,14 @@ def inner(tree: str) -> None:
     sys.path[:0] = [tree, REPO]
     from nvshim.hook.ldconfig import open_host_ldconfig, update_ldcache
     from nvshim.rootfs.fsroot import RootFS
+    from nvshim.runtime.slots import SLOTS
     from nvshim.runtimed.server import preload
     from tests.podman_util import make_busybox_rootfs
     from tests.runc_util import build_stub_library
 
     preload()  # what a daemon worker holds: a fork copies the page tables of all of it
+    # and the fds it inherits (two FIFOs a slot)
+    held = [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC) for _ in range(2 * SLOTS)]
     work = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
         golden = make_busybox_rootfs(os.path.join(work, "golden"))
@@ -68,6 +71,8 @@ def inner(tree: str) -> None:
             shutil.rmtree(root)
         print(json.dumps([statistics.median(v) for v in (wall, own, kids)]))
     finally:
+        for fd in held:
+            os.close(fd)
         shutil.rmtree(work, ignore_errors=True)
 
 

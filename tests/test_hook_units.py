@@ -4,6 +4,7 @@ prestart picks its finishing steps out of the edits' hook entries."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -16,9 +17,11 @@ from nvshim.errors import NvshimError
 from nvshim.hook import cgroup
 from nvshim.hook.args import HelpRequested, parse_args
 from nvshim.hook.ldconfig import (
+    HOST_LDCONFIG,
     elf_soname,
     has_glibc_loader,
     is_static_elf,
+    ldconfig_copy,
     open_host_ldconfig,
     unreachable,
     update_ldcache,
@@ -27,6 +30,7 @@ from nvshim.hook.params import without_modification
 from nvshim.hook.state import load_spec, read_state, rootfs_path
 from nvshim.hook.steps import finishing_steps
 from nvshim.hookentries import hook_entry
+from nvshim.rootfs import kernel
 from nvshim.rootfs.fsroot import RootFS
 from tests.runc_util import build_stub_library, in_private_mount_ns
 
@@ -207,11 +211,59 @@ def test_reachability_counts_only_libraries_with_a_soname(tmp_path):
     assert folder in (root / "etc/ld.so.conf.d/00-nvshim.conf").read_text().splitlines()
 
 
-def test_ldconfig_runs_sealed_from_a_tmpfs_holding_only_itself(tmp_path):
+def test_ldconfig_copy_is_kept_while_the_host_ldconfig_is_the_same(tmp_path):
+    """One read-only tmpfs copy a process while the host ldconfig is the same file,
+    unchanged; another (the old one closed) for another file or a changed one."""
+    host = next(p for p in HOST_LDCONFIG if os.path.exists(p))
+    first, second = tmp_path / "ldconfig-a", tmp_path / "ldconfig-b"
+    shutil.copy(host, first)
+    shutil.copy(host, second)
+
+    def copies():
+        seen = []  # each call's copy: its tmpfs and file (st_dev, st_ctime_ns), size, writable
+        for n, path in enumerate((first, first, second, second, first)):
+            if n == 4:
+                os.utime(first)  # changed since its copy was made (mtime, ctime)
+            fd = open_host_ldconfig(str(path))
+            try:
+                copy = ldconfig_copy(fd)
+            finally:
+                os.close(fd)
+            st = os.stat("ldconfig", dir_fd=copy)
+            writable = os.access(f"/proc/self/fd/{copy}", os.W_OK)
+            seen.append([f"{st.st_dev}:{st.st_ctime_ns}", st.st_size, writable])
+        held = []  # the fds on any copy's tmpfs still open (a closed one's number is reused)
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                dev = os.stat(f"/proc/self/fd/{name}").st_dev
+            except OSError:
+                continue
+            held += [name] if any(c.startswith(f"{dev}:") for c, _, _ in seen) else []
+        return seen, held
+
+    seen, held = in_private_mount_ns(copies)["ok"]
+    ids = [copy for copy, _, _ in seen]
+    assert ids[0] == ids[1] and ids[2] == ids[3]  # the same file: the same copy
+    assert len(set(ids)) == 3  # another file, a changed file: a new copy each
+    assert len(held) == 1  # one fd kept; the older copies were closed
+    assert [size for _, size, _ in seen] == [os.path.getsize(host)] * 5
+    assert not any(writable for _, _, writable in seen)  # read-only mounts
+
+
+@pytest.mark.parametrize("kernel_has", ["close_range", "no close_range"])
+def test_ldconfig_runs_sealed_from_a_tmpfs_holding_only_itself(tmp_path, monkeypatch, kernel_has):
     """The ld-cache step's sandbox, seen from inside by a static stand-in for ldconfig:
-    no fd above 2, ``-r .`` and ``LC_ALL=C`` only, a root holding nothing but its own
-    copy, and after its chroot the container root, whose procfs (mounted here as runc
-    does) is detached."""
+    no fd above 2 (closed on exec in the spawning thread's own fd table, or, on a kernel
+    without ``CLOSE_RANGE_CLOEXEC``, by the fd scan), ``-r .`` and ``LC_ALL=C`` only, a
+    root holding nothing but its own copy, and after its chroot the container root,
+    whose procfs (mounted here as runc does) is detached. The caller is left with the
+    fds it had."""
+    if kernel_has == "no close_range":
+
+        def old_kernel(first, last, flags=0):
+            raise OSError(errno.EINVAL, "close_range: Invalid argument")
+
+        monkeypatch.setattr(kernel, "close_range", old_kernel)
     probe = tmp_path / "ldconfig"
     source = os.path.join(os.path.dirname(__file__), "sim", "ldconfig_probe.c")
     subprocess.run(["gcc", "-static", "-O2", "-o", str(probe), source], check=True)
@@ -227,7 +279,13 @@ def test_ldconfig_runs_sealed_from_a_tmpfs_holding_only_itself(tmp_path):
         subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
         fd = open_host_ldconfig(str(probe))
         with RootFS(str(root)) as fs:
-            update_ldcache(fs, ["/usr/lib/x86_64-linux-gnu"], fd)
+            kernel.host_proc()  # opened once, kept
+            ldconfig_copy(fd)  # made once, kept: the step reuses it
+            before = sorted(os.listdir("/proc/self/fd"))
+            try:
+                update_ldcache(fs, ["/usr/lib/x86_64-linux-gnu"], fd)
+            finally:
+                assert sorted(os.listdir("/proc/self/fd")) == before
 
     try:
         result = in_private_mount_ns(work)

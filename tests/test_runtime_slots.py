@@ -87,6 +87,25 @@ def test_a_warm_gpu_create_starts_no_interpreter(creates, daemon):  # noqa: F811
     _, _, _, cvd = creates.start_and_wait(cid).splitlines()
     assert cvd == f"CVD={creates.sim.topology['gpus'][0]['uuid']}"
     _wait_for(lambda: claims(creates) == [], "the slot was not freed")
+    # the ld-cache step ran the parent's copy of ldconfig: one, shared by the workers
+    parent = ldconfig_copies(daemon.proc.pid)
+    assert len(parent) == 1
+    assert all(ldconfig_copies(pid) == parent for pid in _workers(daemon.proc.pid))
+
+
+def ldconfig_copies(pid: int) -> set[tuple[int, int]]:
+    """The ld-cache step's tmpfs copies of ldconfig process ``pid`` holds (fds on a
+    directory holding only ``ldconfig``), by device and inode."""
+    found = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        path = f"/proc/{pid}/fd/{name}"
+        try:
+            if os.path.isdir(path) and os.listdir(path) == ["ldconfig"]:
+                st = os.stat(path)
+                found.add((st.st_dev, st.st_ino))
+        except OSError:
+            continue
+    return found
 
 
 def test_a_refusal_reaches_the_callers_stderr_and_relative_log(creates, daemon, tmp_path):  # noqa: F811

@@ -7,11 +7,13 @@ folders are
 listed in ``/etc/ld.so.conf.d/00-nvshim.conf`` and the *host's* statically linked
 ldconfig, opened as an fd before anything else, runs sealed: a thread of its own makes a
 private copy of the mount namespace, detaches every procfs mount under the root (no
-magic link such as ``/proc/1/root`` can lead it out), copies the ldconfig fd's bytes into
-a detached tmpfs that becomes the thread's root and ``posix_spawn``s it from there, with
+magic link such as ``/proc/1/root`` can lead it out), enters a detached read-only tmpfs
+holding a copy of the ldconfig fd's bytes (made once a process and kept while the file is
+the same) as the thread's root and ``posix_spawn``s it from there, with
 an almost empty environment and the root (checked against the root's fd) as its working
-directory, into which ``ldconfig -r .`` chroots before it reads anything: no fork of the
-calling process, whose pages a fork would copy. Nothing from the image is ever executed.
+directory, into which ``ldconfig -r .`` chroots before it reads anything; the thread's fd
+table is its own, closed on exec but for ldconfig's stdio. No fork of the calling
+process, whose pages a fork would copy. Nothing from the image is ever executed.
 """
 
 from __future__ import annotations
@@ -401,15 +403,24 @@ def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
     started with ``posix_spawn`` (a vfork: no copy of this process's pages)."""
     root_path = os.readlink(f"self/fd/{root.fd}", dir_fd=kernel.host_proc())  # as we see it
     root_st = os.fstat(root.fd)
+    try:
+        copy = ldconfig_copy(ldconfig_fd)
+    except OSError as err:
+        raise NvshimError(f"host ldconfig: cannot copy it to a tmpfs: {err.strerror}") from None
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)  # the host's, before leaving it
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:  # the thread starts in this thread's mount namespace, with its root and cwd
-        child, read_end = in_thread(
-            _seal_and_spawn, root_path, (root_st.st_dev, root_st.st_ino), ldconfig_fd, folders
-        )
+        child = in_thread(_seal_and_spawn, root_path, (root_st.st_dev, root_st.st_ino),
+                          copy, folders, (null, write_end))  # fmt: skip
     except Exception as err:  # noqa: BLE001 - one line, as ldconfig's own failures
+        os.close(read_end)
         detail = err
         if isinstance(err, OSError) and err.strerror:
             detail = f"{err.filename}: {err.strerror}" if err.filename else err.strerror
         raise NvshimError(f"host ldconfig in the container root failed: {detail}") from None
+    finally:
+        os.close(null)
+        os.close(write_end)
     output, status = _collect(read_end, child)
     if status != 0:
         first = output.decode("utf-8", "replace").strip().splitlines()
@@ -418,18 +429,26 @@ def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
 
 
 def _seal_and_spawn(
-    root_path: str, root_id: tuple[int, int], ldconfig_fd: int, folders: list[str]
-) -> tuple[int, int]:
-    """In a thread of its own: a private copy of its mount namespace with every
-    procfs under the root detached (no magic link such as ``/proc/1/root`` can lead out);
-    the host ldconfig copied (from its fd) into a detached tmpfs, this thread's root;
-    ldconfig spawned from there with an almost empty environment, in the root (checked to
-    be ``root_id``) as its working directory, into which its ``-r .`` chroots first;
-    ``(pid, read end of its output)``."""
-    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)  # the host's, before leaving it
-    fds = [null]
+    root_path: str, root_id: tuple[int, int], copy: int, folders: list[str], stdio: tuple[int, int]
+) -> int:
+    """In a thread of its own: a private fd table in which every fd is closed on exec
+    (the child inherits only ``stdio``: its stdin, and its stdout and stderr); a private
+    copy of its mount namespace with every procfs under the root detached (no magic link
+    such as ``/proc/1/root`` can lead out); the detached tmpfs ``copy`` holding the host
+    ldconfig (``ldconfig_copy``) as this thread's root; ldconfig spawned from there with
+    an almost empty environment, in the root (checked to be ``root_id``) as its working
+    directory, into which its ``-r .`` chroots first; its pid."""
+    kernel.unshare(kernel.CLONE_FILES | kernel.CLONE_FS)  # fds, root and cwd: this thread's
+    # what the caller opens meanwhile is not in this table; what is here is closed when
+    # the thread exits, and on exec (the fd scan below only on kernels before 5.11)
+    actions = [(os.POSIX_SPAWN_DUP2, stdio[0], 0), (os.POSIX_SPAWN_DUP2, stdio[1], 1),
+               (os.POSIX_SPAWN_DUP2, stdio[1], 2)]  # fmt: skip
     try:
-        kernel.unshare(kernel.CLONE_FS)  # this thread's root and cwd only (a chroot kept)
+        kernel.close_range(3, 0xFFFFFFFF, kernel.CLOSE_RANGE_CLOEXEC)
+    except OSError:
+        actions += _close_inherited()
+    fds = []
+    try:
         kernel.unshare(kernel.CLONE_NEWNS)  # a copy of the caller's (setns would reset root)
         kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
         _detach_procfs(root_path)
@@ -438,26 +457,13 @@ def _seal_and_spawn(
         st = os.fstat(top)
         if (st.st_dev, st.st_ino) != root_id:
             raise OSError(errno.ESTALE, "container root changed", root_path)
-        size = os.fstat(ldconfig_fd).st_size
-        tmpfs = kernel.private_tmpfs(f"{(size >> 10) + 64}k")  # detached: only this thread
-        fds.append(tmpfs)
-        _copy_in(ldconfig_fd, size, tmpfs)
-        os.fchdir(tmpfs)
+        os.fchdir(copy)
         os.chroot(".")  # "/ldconfig" is the copy; nothing of the root can be executed
         os.fchdir(top)  # ldconfig -r . chroots into its working directory: the root
-        read_end, write_end = os.pipe()
-        fds.append(write_end)
-        actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, write_end, 1),
-                   (os.POSIX_SPAWN_DUP2, write_end, 2), *_close_inherited()]  # fmt: skip
-        try:
-            argv = ["ldconfig", "-r", ".", *folders]
-            child = os.posix_spawn("/ldconfig", argv, LDCONFIG_ENV, file_actions=actions)
-        except BaseException:
-            os.close(read_end)
-            raise
-        return child, read_end
+        argv = ["ldconfig", "-r", ".", *folders]
+        return os.posix_spawn("/ldconfig", argv, LDCONFIG_ENV, file_actions=actions)
     finally:
-        for fd in fds:
+        for fd in (*fds, *stdio):  # this table's copies (the caller closes its own)
             os.close(fd)
 
 
@@ -478,6 +484,37 @@ def _detach_procfs(root_path: str) -> None:
         raise OSError(errno.EBUSY, "a procfs mount under the container root could not be hidden")
 
 
+# the host ldconfig's identity (device, inode, size, mtime, ctime) and a read-only
+# detached tmpfs holding a copy of its bytes: made once a process (a daemon's workers
+# share their parent's) and again when the file is another one or was changed
+_copy: tuple[tuple[int, ...], int] | None = None
+
+
+def ldconfig_copy(ldconfig_fd: int) -> int:
+    """A detached tmpfs (fd, kept: do not close it) holding the bytes of the checked
+    host ldconfig ``ldconfig_fd`` as ``ldconfig``, read-only where the kernel can make
+    it so (5.12+); reachable only through this process's fd."""
+    global _copy
+    st = os.fstat(ldconfig_fd)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if _copy is not None and _copy[0] == key:
+        return _copy[1]
+    tmpfs = kernel.private_tmpfs(f"{(st.st_size >> 10) + 64}k")
+    try:
+        _copy_in(ldconfig_fd, st.st_size, tmpfs)
+        try:
+            kernel.mount_setattr(tmpfs, kernel.MOUNT_ATTR_RDONLY | kernel.MOUNT_ATTR_NODEV)
+        except OSError:
+            pass  # before 5.12: writable, as a copy made per call would be
+    except BaseException:
+        os.close(tmpfs)
+        raise
+    if _copy is not None:
+        os.close(_copy[1])
+    _copy = (key, tmpfs)
+    return tmpfs
+
+
 def _copy_in(ldconfig_fd: int, size: int, tmpfs: int) -> None:
     """The host ldconfig's bytes, read through its checked fd, as ``ldconfig`` (mode
     0500) in the detached tmpfs ``tmpfs`` (closed before it is executed)."""
@@ -495,9 +532,9 @@ def _copy_in(ldconfig_fd: int, size: int, tmpfs: int) -> None:
 
 
 def _close_inherited() -> list[tuple[int, int]]:
-    """``posix_spawn`` actions closing every fd above 2 this process would pass on."""
+    """``posix_spawn`` actions closing every fd above 2 this thread would pass on."""
     proc = kernel.host_proc()
-    listing = os.open("self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+    listing = os.open("thread-self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
     try:
         numbers = [int(n) for n in os.listdir(listing) if n.isdigit()]
     finally:

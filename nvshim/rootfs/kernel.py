@@ -19,6 +19,7 @@ SYS_FSOPEN = 430
 SYS_FSCONFIG = 431
 SYS_FSMOUNT = 432
 SYS_OPENAT2 = 437
+SYS_CLOSE_RANGE = 436
 SYS_MOUNT_SETATTR = 442
 
 RESOLVE_NO_XDEV = 0x01
@@ -28,6 +29,8 @@ RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
 
 CLONE_FS = 0x00000200
+CLONE_FILES = 0x00000400
+CLOSE_RANGE_CLOEXEC = 1 << 2
 CLONE_NEWNS = 0x00020000
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
@@ -127,6 +130,13 @@ def setns(fd: int, nstype: int) -> None:
 def unshare(flags: int) -> None:
     """unshare(2)."""
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def close_range(first: int, last: int, flags: int = 0) -> None:
+    """close_range(2) (kernel 5.9+; ``CLOSE_RANGE_CLOEXEC`` 5.11+)."""
+    result = _syscall(SYS_CLOSE_RANGE, ctypes.c_uint(first), ctypes.c_uint(last),
+                      ctypes.c_uint(flags))  # fmt: skip
+    _check(result, "close_range")
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data=None) -> None:

@@ -60,6 +60,23 @@ def preload() -> list[str]:
     return failed
 
 
+def share_ldconfig_copy() -> None:
+    """Make the ld-cache step's tmpfs copy of the host ldconfig before the workers are
+    forked: they share it (one copy, not one a worker; a worker whose ldconfig is
+    another file, or changed, makes its own)."""
+    from nvshim.hook.ldconfig import ldconfig_copy, open_host_ldconfig
+    from nvshim.hook.steps import real_ldconfig
+
+    try:
+        fd = open_host_ldconfig(real_ldconfig(None))
+        try:
+            ldconfig_copy(fd)
+        finally:
+            os.close(fd)
+    except (NvshimError, OSError) as err:
+        say(2, f"each worker copies the host ldconfig itself: {one_line(err)}")
+
+
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
     """A non-blocking socket bound at ``path`` (replaced atomically), mode 0600: the
     listener and the identity of the socket file, to remove it at exit only if it is
@@ -117,6 +134,7 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
     failed = preload()
     for name in failed:
         say(2, f"not preloaded: {name}")
+    share_ldconfig_copy()
     listener, identity = listen(path)
     slots = make_slots()
     pool = Pool(listener, verbose, limits, slots)

@@ -16,13 +16,18 @@ where it has one, runs under the container's init, so its CPU is not counted the
 "bare runc, nvshim's edits" is runc creating bundles nvshim edited beforehand (not
 timed, no finishing steps): what the GPU's mounts cost runc itself in the burst.
 
+``--lifecycle`` times whole lifecycles instead: each container's ``create``, ``start``,
+``state`` and ``delete``, one after the other through the runtime under test as an
+engine calls them, all N containers at once (CPU per container).
+
 Run as root: ``.venv/bin/python3 bench/concurrent_create.py [--containers N] [--rounds R]
-[--previous DIR]``.
+[--previous DIR] [--lifecycle]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import os
 import resource
@@ -48,14 +53,34 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _create(runtime: str, state: str, bundle: str, cid: str) -> list[str]:
+    return [runtime, "--root", state, "create", "--pid-file", f"{bundle}/pid", "--bundle", bundle,
+            cid]  # fmt: skip
+
+
+def _lifecycle(runtime: str, state: str, bundle: str, cid: str, env, out) -> int:
+    """A container's calls, one after the other, as an engine makes them: create, start,
+    state, delete (the container runs ``true``: it has exited or is killed); the first
+    failure's exit status."""
+    calls = [_create(runtime, state, bundle, cid), [runtime, "--root", state, "start", cid],
+             [runtime, "--root", state, "state", cid],
+             [runtime, "--root", state, "delete", "--force", cid]]  # fmt: skip
+    for argv in calls:
+        code = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        if code.returncode != 0:
+            return code.returncode
+    return 0
+
+
 def batch(
     work: str, runtime: str, env: dict[str, str], golden: str, n: int, gpu: bool, tag: str,
-    daemon: int | None = None, edits: dict[str, str] | None = None,
+    daemon: int | None = None, edits: dict[str, str] | None = None, lifecycle: bool = False,
 ):  # fmt: skip
-    """Create ``n`` containers at once; (wall seconds, CPU seconds per create, counting
-    the daemon ``daemon`` too). ``edits``: nvshim's environment, to have each bundle
-    edited for its GPU beforehand (not timed: ``runtime`` is then bare runc). The
-    containers are deleted afterwards (not timed)."""
+    """Create ``n`` containers at once; (wall seconds, CPU seconds per container,
+    counting the daemon ``daemon`` too). ``edits``: nvshim's environment, to have each
+    bundle edited for its GPU beforehand (not timed: ``runtime`` is then bare runc).
+    ``lifecycle``: each container is also started, its state read and deleted through
+    ``runtime`` (timed); else the containers are deleted afterwards (not timed)."""
     state = os.path.join(work, f"state-{tag}")
     request = {"NVIDIA_VISIBLE_DEVICES": "0"} if gpu else {}
     bundles = []
@@ -68,34 +93,31 @@ def batch(
     out = open(os.path.join(work, f"{tag}.out"), "w")  # created processes keep it open
     cpu = children_cpu() + (daemon_cpu(daemon) if daemon else 0.0)
     start = time.perf_counter()
-    procs = [
-        subprocess.Popen(
-            [
-                runtime,
-                "--root",
-                state,
-                "create",
-                "--pid-file",
-                f"{b}/pid",
-                "--bundle",
-                b,
-                f"{tag}-{i}",
-            ],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-        )  # fmt: skip
-        for i, b in enumerate(bundles)
-    ]
-    failed = sum(p.wait() != 0 for p in procs)
+    if lifecycle:
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            jobs = [pool.submit(_lifecycle, runtime, state, b, f"{tag}-{i}", env, out)
+                    for i, b in enumerate(bundles)]  # fmt: skip
+            failed = sum(job.result() != 0 for job in jobs)
+    else:
+        procs = [
+            subprocess.Popen(
+                _create(runtime, state, b, f"{tag}-{i}"),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+            )  # fmt: skip
+            for i, b in enumerate(bundles)
+        ]
+        failed = sum(p.wait() != 0 for p in procs)
     wall = time.perf_counter() - start
     cpu = (children_cpu() + (daemon_cpu(daemon) if daemon else 0.0) - cpu) / n
     out.close()
     if failed:
-        raise SystemExit(f"{runtime}: {failed} of {n} creates failed (see {out.name})")
+        raise SystemExit(f"{runtime}: {failed} of {n} containers failed (see {out.name})")
     for i in range(n):
-        subprocess.run([RUNC, "--root", state, "delete", "--force", f"{tag}-{i}"], check=True)
+        if not lifecycle:
+            subprocess.run([RUNC, "--root", state, "delete", "--force", f"{tag}-{i}"], check=True)
         shutil.rmtree(os.path.join(work, f"{tag}-{i}"))
     return wall, cpu
 
@@ -104,13 +126,13 @@ def measure(w: str, cases: dict, golden: str, opts) -> dict[str, list[tuple[floa
     """Each case's (wall, CPU per create) per round, the cases taking turns."""
     for runtime, env, gpu, pid, edits in cases.values():  # warm the inventory and config caches
         if gpu:
-            batch(w, runtime, env, golden, 2, True, "warm", pid, edits)
+            batch(w, runtime, env, golden, 2, True, "warm", pid, edits, opts.lifecycle)
     figures: dict[str, list[tuple[float, float]]] = {c: [] for c in cases}
     for r in range(opts.rounds):
         for n, (case, (binary, env, gpu, pid, edits)) in enumerate(cases.items()):
             tag = f"r{r}c{n}"
             figures[case].append(
-                batch(w, binary, env, golden, opts.containers, gpu, tag, pid, edits)
+                batch(w, binary, env, golden, opts.containers, gpu, tag, pid, edits, opts.lifecycle)
             )
     return figures
 
@@ -120,6 +142,8 @@ def main() -> None:
     parser.add_argument("--containers", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--previous", help="a checkout of an earlier nvshim")
+    parser.add_argument("--lifecycle", action="store_true",
+                        help="time each container's create, start, state and delete")  # fmt: skip
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as w:
         sim = build_host("single", os.path.join(w, "host"))
@@ -145,14 +169,15 @@ def main() -> None:
         subprocess.run([real_interpreter(), "-IS", "-c", "pass"], check=True)
         yardstick = (time.perf_counter() - start) * 1000
         bare = figures["bare runc, no GPU"]
-        print(f"{opts.containers} creates at once on {os.cpu_count()} cores, "
+        what = "lifecycles (create, start, state, delete)" if opts.lifecycle else "creates"
+        print(f"{opts.containers} {what} at once on {os.cpu_count()} cores, "
               f"medians of {opts.rounds} rounds:")  # fmt: skip
         for case, values in figures.items():
             wall = statistics.median(v[0] for v in values)
             cpu = statistics.median(v[1] for v in values)
             ratio = statistics.median(v[0] / b[0] for v, b in zip(values, bare, strict=True))
-            print(f"  {case:<30} all created in {wall:6.2f} s ({ratio:4.2f}x runc), "
-                  f"CPU per create {cpu * 1000:6.1f} ms")  # fmt: skip
+            print(f"  {case:<30} all done in {wall:6.2f} s ({ratio:4.2f}x runc), "
+                  f"CPU per container {cpu * 1000:6.1f} ms")  # fmt: skip
         print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (one run, after the batches)")
 
 

@@ -4,9 +4,10 @@
 paired round by round. Each round runs ``update_ldcache`` on fresh copies of a busybox
 image with a glibc loader and a driver library its cache does not reach, in a private
 mount namespace, in one interpreter per tree holding what a daemon worker holds
-(``nvshim.runtimed.server.preload``, and an fd for each of the slots' FIFOs); it reports the wall time of the step and
-the CPU it costs, the caller's (``RUSAGE_SELF``: a fork's page-table copy lands here)
-and its children's (ldconfig, and a forked child's copy-on-write faults).
+(``nvshim.runtimed.server.preload``, and an fd for each of the slots' FIFOs); it reports
+the wall time of the step and the CPU it costs, the caller's (``RUSAGE_SELF``: a fork's
+page-table copy lands here) and its children's (ldconfig, and a forked child's
+copy-on-write faults).
 
 Run as root: ``.venv/bin/python3 bench/ldcache_step.py --previous DIR [--rounds R]``
 (DIR: a tree holding an earlier nvshim package, e.g. from ``git archive``).

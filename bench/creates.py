@@ -97,8 +97,19 @@ def daemon_cpu(pid: int) -> float:
         ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
         return ticks / os.sysconf("SC_CLK_TCK")
 
-    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    try:
+        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: the parents in stat
+        children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == pid]
     return times(pid) + sum(times(int(c)) for c in children)
+
+
+def _parent(pid: str) -> int:
+    """The parent of process ``pid`` (0 when it is gone)."""
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def edited_bundle(bundle: str, cid: str, env: dict[str, str]) -> None:

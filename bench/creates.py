@@ -10,7 +10,7 @@ import sys
 import time
 
 from bench.runtime_start import write_bench_config
-from nvshim.launch import write_launchers
+from nvshim.launch import import_roots, write_launchers
 from tests.runc_util import start_daemon
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
@@ -37,14 +37,20 @@ def timed_create(runtime: str, state: str, bundle: str, cid: str, env: dict[str,
     return elapsed
 
 
+def roots(root: str) -> list[str]:
+    """``sys.path`` for the nvshim package under ``root``: ``root``, then where this
+    interpreter finds nvshim's dependencies (a venv, or a carried ``site``)."""
+    return list(dict.fromkeys([root, *import_roots()]))
+
+
 def installed(work: str, name: str, root: str, sim) -> tuple[str, dict[str, str]]:
-    """Launchers and a config for the nvshim package under ``root``: (runtime, env)."""
+    """Launchers and a config for the nvshim package under ``root``: (runtime, env). Its
+    low-level runtime is ``RUNC``, the benches' bare runc (wherever it was found)."""
     directory = os.path.join(work, name)
     bin_dir = os.path.join(directory, "bin")
     os.makedirs(directory, exist_ok=True)
-    site = [p for p in sys.path if p.endswith("site-packages")]
-    write_launchers(bin_dir, roots=[root, *site], cache_dir=os.path.join(directory, "cache"))
-    config = write_bench_config(directory, sim, bin_dir)
+    write_launchers(bin_dir, roots=roots(root), cache_dir=os.path.join(directory, "cache"))
+    config = write_bench_config(directory, sim, bin_dir, f"runtimes = [{RUNC!r}]\n")
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": config}
     return os.path.join(bin_dir, "nvshim-runtime"), env
 
@@ -91,13 +97,25 @@ def daemon_cpu(pid: int) -> float:
         ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
         return ticks / os.sysconf("SC_CLK_TCK")
 
-    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    try:
+        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: the parents in stat
+        children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == pid]
     return times(pid) + sum(times(int(c)) for c in children)
+
+
+def _parent(pid: str) -> int:
+    """The parent of process ``pid`` (0 when it is gone)."""
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def edited_bundle(bundle: str, cid: str, env: dict[str, str]) -> None:
     """Have nvshim edit ``bundle`` for its GPU request, as a create would (not timed): bare
     runc then creates the same container, without the finishing steps."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from nvshim.runtime.create import "
-            "prepare_bundle; prepare_bundle(sys.argv[2], sys.argv[3], True)")  # fmt: skip
-    subprocess.run([sys.executable, "-c", code, REPO, bundle, cid], env=env, check=True)
+    code = ("import sys; sys.path[:0] = sys.argv[1].split(':'); from nvshim.runtime.create "
+            "import prepare_bundle; prepare_bundle(sys.argv[2], sys.argv[3], True)")  # fmt: skip
+    path = ":".join(roots(REPO))
+    subprocess.run([sys.executable, "-c", code, path, bundle, cid], env=env, check=True)

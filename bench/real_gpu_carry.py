@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Everything the real-GPU kit needs on a GPU host that reaches no registry, in one
-directory (default ``build/real-gpu-kit``, ignored by git; about 20 MiB):
+directory (default ``build/real-gpu-kit``, ignored by git; about 40 MiB):
 
 - ``probe-image.tar.gz``: the CUDA probe and its glibc image (bench/probe_image.py);
 - ``site/``: nvshim's runtime dependencies, copied from this interpreter's installation
   (nothing is downloaded), for a ``python3`` of the same minor version on the GPU host;
   with ``--python-version X.Y`` pip fetches binary wheels for that version instead;
 - ``bin/runc`` and ``lib/``: this machine's runc with its libseccomp (RPATH ``$ORIGIN/../lib``),
-  used only where the GPU host has no runc of its own.
+  used only where the GPU host has no runc of its own;
+- ``bin/busybox`` (static) and ``sim-cache/``: the simulated host's compiled fake NVML and
+  driver-library stubs (tests/sim/compile.py), for the create benchmarks on a host without
+  busybox or gcc (``NVSHIM_SIM_CACHE=<kit>/sim-cache``, ``<kit>/bin`` on ``PATH``).
 
 ``bash bench/real_gpu.sh`` in a checkout without ``.venv`` uses them when they are there.
 CLI: ``.venv/bin/python3 bench/real_gpu_carry.py [OUT] [--python-version X.Y]``; prints
@@ -29,6 +32,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from bench import probe_image as pimg  # noqa: E402
+from tests.podman_util import static_busybox  # noqa: E402
 
 DEFAULT_OUT = os.path.join(REPO, "build", "real-gpu-kit")
 
@@ -98,6 +102,17 @@ def copy_runc(dest: str) -> None:
             shutil.copy2(parts[2], os.path.join(dest, "lib", parts[0]))
 
 
+def copy_sim(dest: str) -> None:
+    """A static busybox into ``dest/bin`` and the simulated hosts' compiled libraries
+    into ``dest/sim-cache``."""
+    os.makedirs(os.path.join(dest, "bin"), exist_ok=True)
+    shutil.copy2(static_busybox(), os.path.join(dest, "bin", "busybox"))
+    os.environ["NVSHIM_SIM_CACHE"] = os.path.join(dest, "sim-cache")
+    from tests.sim.simhost import prebuild
+
+    prebuild("single")  # the shipped hosts share its driver version
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", nargs="?", default=DEFAULT_OUT)
@@ -115,6 +130,7 @@ def main() -> int:
     version = opts.python_version or f"{sys.version_info.major}.{sys.version_info.minor}"
     names = fetch_site(site, version) if opts.python_version else copy_site(site)
     copy_runc(out)
+    copy_sim(out)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
     print(f"{out} ({size / 2**20:.1f} MiB; for python{version}: {', '.join(names)})")
     return 0

@@ -69,6 +69,17 @@ GLIBC_LOADERS = {
 }
 
 
+def static_busybox() -> str:
+    """The static busybox on ``PATH`` (else ``/bin/busybox``). Raises RuntimeError when
+    there is none or it is not static."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    if not os.path.exists(busybox) or not _is_static_elf(busybox):
+        raise RuntimeError(
+            f"{busybox}: a static busybox is needed (apt-get install busybox-static)"
+        )
+    return busybox
+
+
 def make_busybox_rootfs(dest: str | os.PathLike, glibc_loader: bool = True) -> str:
     """Create a minimal rootfs at ``dest``: static busybox, applet links, /etc/passwd, /etc/group.
 
@@ -77,11 +88,7 @@ def make_busybox_rootfs(dest: str | os.PathLike, glibc_loader: bool = True) -> s
     the image counts as one that reads an ld.so cache. Returns ``dest`` as a string.
     """
     dest = os.fspath(dest)
-    busybox = shutil.which("busybox") or "/bin/busybox"
-    if not os.path.exists(busybox) or not _is_static_elf(busybox):
-        raise RuntimeError(
-            f"{busybox}: a static busybox is needed (apt-get install busybox-static)"
-        )
+    busybox = static_busybox()
     for sub in ("bin", "etc", "dev", "proc", "sys", "tmp", "root"):
         os.makedirs(os.path.join(dest, sub), exist_ok=True)
     target = os.path.join(dest, "bin", "busybox")

@@ -558,9 +558,9 @@ def test_snapshot_sees_a_compute_mode_change(tmp_path):
 
 def test_kit_runs_from_a_checkout_without_venv(sim_hosts, tmp_path):
     """A GPU host that reaches no registry: a copy of the checkout without .venv, plus
-    what bench/real_gpu_carry.py collected (site, probe image, runc; docs/real-gpu.md's
-    line, run as written in the copy while its .venv is there), run by python3 with no
-    runc on PATH but the carried one."""
+    what bench/real_gpu_carry.py collected (site, probe image, runc, busybox, the simulated
+    host's compiled libraries; docs/real-gpu.md's line, run as written in the copy while
+    its .venv is there), run by python3 with no runc on PATH but the carried one."""
     import shlex
 
     from tests.docs_commands import documented
@@ -574,7 +574,8 @@ def test_kit_runs_from_a_checkout_without_venv(sim_hosts, tmp_path):
     line = documented("docs/real-gpu.md", ".venv/bin/python3 bench/real_gpu_carry.py")
     subprocess.run(shlex.split(line), cwd=checkout, check=True, capture_output=True)
     os.unlink(checkout / ".venv")  # the GPU host has none
-    assert {"probe-image.tar.gz", "site", "bin", "lib"} <= set(os.listdir(carry))
+    assert {"probe-image.tar.gz", "site", "bin", "lib", "sim-cache"} <= set(os.listdir(carry))
+    assert {"runc", "busybox"} <= set(os.listdir(carry / "bin"))
     out = tmp_path / "report.md"
     proc = subprocess.run(
         ["/bin/sh", str(checkout / "bench" / "real_gpu.sh"), "--out", str(out), "--runs", "1"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="building a host needs
 
 PROBE = os.path.join(os.path.dirname(__file__), "sim", "nvmlprobe.py")
 LIB = "/usr/lib/x86_64-linux-gnu"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 
 
@@ -386,6 +388,38 @@ def test_build_is_cached(tmp_path):
         open(cached, "rb") as c,
     ):
         assert a.read() == b.read() == c.read()
+
+
+def test_build_without_gcc_from_a_prebuilt_cache(tmp_path):
+    """A machine without gcc (a GPU host the real-GPU kit is carried to) builds a host from
+    a cache ``prebuild`` filled; an entry missing there, or no cache, is a one-line error."""
+    cache = tmp_path / "cache"
+    shutil.copytree(simcompile.cache_root(), cache)  # entries made here already: no compiles
+    env = {**os.environ, "NVSHIM_SIM_CACHE": str(cache)}
+    code = "from tests.sim.simhost import prebuild; print(prebuild('single'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.stdout == f"{cache}\n" and (cache / simcompile.COMPILER_FILE).is_file()
+    build = [sys.executable, "-m", "tests.sim.simhost", "build", "single"]
+    env["PATH"] = str(tmp_path / "no-tools")  # no gcc; ldconfig by its absolute path
+    out = subprocess.run([*build, str(tmp_path / "h")], env=env, cwd=REPO,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    nvml = tmp_path / f"h{LIB}/libnvidia-ml.so.1"
+    assert nvml.read_bytes() == open(simcompile.fake_nvml(), "rb").read()
+    seen = subprocess.run([sys.executable, PROBE, str(nvml)], env=_clean_env(), check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    assert json.loads(seen.stdout)["count"] == 1  # the topology beside the library
+    missing = cache / os.path.relpath(simcompile.fake_nvml(), simcompile.cache_root())
+    missing.unlink()
+    out = subprocess.run([*build, str(tmp_path / "x")], env=env, cwd=REPO,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert f"gcc not found on PATH and {missing} not prebuilt" in out.stderr
+    env["NVSHIM_SIM_CACHE"] = str(tmp_path / "empty")
+    out = subprocess.run([*build, str(tmp_path / "y")], env=env, cwd=REPO,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 1 and "gcc not found on PATH" in out.stderr, out.stderr
 
 
 # ---- device nodes, /proc and /sys ----------------------------------------------------------

@@ -4,6 +4,10 @@ Cache directory: ``$NVSHIM_SIM_CACHE``, else ``$XDG_CACHE_HOME/nvshim-sim``, els
 ``/tmp/nvshim-sim-cache``; entries live under a hash of the gcc version, the source and
 the flags, so a new compiler or source never reuses a stale object. Entries are written
 to a temporary name and renamed, so concurrent builders never see half a file.
+
+A machine without gcc builds simulated hosts from a cache filled elsewhere: ``prebuild``
+records the compiler's identity in it (``COMPILER_FILE``), which then stands for gcc's
+(bench/real_gpu_carry.py carries such a cache).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ FAKE_NVML_FLAGS = (
     "-pthread",
     "-Wl,-soname,libnvidia-ml.so.1",
 )
+COMPILER_FILE = "compiler"  # in a cache filled elsewhere: the identity of the gcc that did
 STUB_SOURCE = (
     "/* nvshim simulated driver library: an empty shared object with a SONAME. */\n"
     '__attribute__((visibility("default"))) const char nvshim_sim_stub_soname[] = SONAME;\n'
@@ -46,10 +51,17 @@ def cache_root() -> str:
 
 @functools.cache
 def _gcc() -> tuple[str, str]:
-    """The gcc binary and a string identifying its version and target."""
+    """The gcc binary and a string identifying its version and target; without gcc,
+    ("", the identity recorded in a cache filled elsewhere)."""
     gcc = shutil.which("gcc")
     if not gcc:
-        raise NvshimError("simulated host: gcc not found on PATH (run tests/setup.sh)")
+        try:
+            with open(os.path.join(cache_root(), COMPILER_FILE)) as fh:
+                return "", fh.read().strip()
+        except FileNotFoundError:
+            raise NvshimError(
+                "simulated host: gcc not found on PATH (run tests/setup.sh)"
+            ) from None
     out = subprocess.run(
         [gcc, "-dumpfullversion", "-dumpmachine"], capture_output=True, text=True, check=False
     )
@@ -84,6 +96,8 @@ class _Job:
 
 def _compile(source: str, flags: list[str], dest: str) -> _Job:
     """Start gcc compiling ``source`` into ``dest`` (through a temporary file)."""
+    if not _gcc()[0]:
+        raise NvshimError(f"simulated host: gcc not found on PATH and {dest} not prebuilt")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(dest))
     os.close(fd)
@@ -173,3 +187,15 @@ def stubs(wanted: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str]:
                 raise NvshimError(f"gcc cannot build the {bits}-bit stub {soname}: {job.error}")
             result[(soname, bits)] = job.dest
     return result
+
+
+def prebuild(wanted: Iterable[tuple[str, int]]) -> str:
+    """Compile the fake NVML and the stubs ``wanted`` (see ``stubs``) into the cache and
+    record this gcc's identity there, for machines without gcc; returns the cache root."""
+    fake_nvml()
+    stubs(wanted)
+    path = os.path.join(cache_root(), COMPILER_FILE)
+    with open(path + ".tmp", "w") as fh:
+        fh.write(_gcc()[1] + "\n")
+    os.replace(path + ".tmp", path)
+    return cache_root()

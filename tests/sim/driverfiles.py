@@ -129,12 +129,20 @@ def libraries(version: str) -> list[SimLibrary]:
     return out
 
 
+def stub_requests(version: str) -> list[tuple[str, int]]:
+    """The ``(SONAME, bits)`` stubs of driver ``version``'s libraries (all but the 64-bit
+    NVML, which is the fake)."""
+    return [
+        (lib.soname, lib.bits)
+        for lib in libraries(version)
+        if lib.bits == 32 or lib.name != "libnvidia-ml"
+    ]
+
+
 def install_libraries(driver_root: str, version: str, topology_text: str) -> list[SimLibrary]:
     """Copy compiled stubs and the fake NVML into the root; return what was installed."""
     wanted = libraries(version)
-    built = simcompile.stubs(
-        (lib.soname, lib.bits) for lib in wanted if lib.bits == 32 or lib.name != "libnvidia-ml"
-    )
+    built = simcompile.stubs(stub_requests(version))
     nvml = simcompile.fake_nvml()
     installed = []
     for lib in wanted:

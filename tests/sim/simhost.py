@@ -22,11 +22,19 @@ from typing import Any
 from nvshim.errors import NvshimError
 from nvshim.host.model import NodeInfo
 
+from . import compile as simcompile
 from . import devfs, driverfiles, pcifs
 from .driverfiles import LIB_DIR, SimLibrary
 from .topology import generate_topology, load_topology, render_fake_nvml, shipped_hosts
 
-__all__ = ["SimHost", "build_host", "generate_topology", "load_topology", "shipped_hosts"]
+__all__ = [
+    "SimHost",
+    "build_host",
+    "generate_topology",
+    "load_topology",
+    "prebuild",
+    "shipped_hosts",
+]
 
 
 @dataclass
@@ -157,6 +165,14 @@ def build_host(
         nvml_path=f"{driver_root}{LIB_DIR}/libnvidia-ml.so.{version}",
         libraries=libs,
     )
+
+
+def prebuild(topology: str | dict) -> str:
+    """Compile what ``build_host(topology)`` needs into the compile cache and record the
+    compiler, so that a machine without gcc builds the host from a copy of the cache
+    (``$NVSHIM_SIM_CACHE``); returns the cache's path. Needs no root."""
+    version = load_topology(topology)["driver_version"]
+    return simcompile.prebuild(driverfiles.stub_requests(version))
 
 
 def rebuild_host(

@@ -74,7 +74,7 @@ def share_ldconfig_copy() -> None:
         finally:
             os.close(fd)
     except (NvshimError, OSError) as err:
-        say(2, f"each worker copies the host ldconfig itself: {one_line(err)}")
+        say(2, f"no shared copy of the host ldconfig (a worker makes its own): {one_line(err)}")
 
 
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:

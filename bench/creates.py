@@ -10,7 +10,7 @@ import sys
 import time
 
 from bench.runtime_start import write_bench_config
-from nvshim.launch import import_roots, write_launchers
+from nvshim.launch import import_roots
 from tests.runc_util import start_daemon
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
@@ -43,13 +43,23 @@ def roots(root: str) -> list[str]:
     return list(dict.fromkeys([root, *import_roots()]))
 
 
+def _write_launchers(bin_dir: str, path: list[str], cache_dir: str) -> None:
+    """The launchers of the nvshim package first on ``path``, written by that package
+    (an earlier tree's front and launcher code, not this one's)."""
+    code = ("import sys; path = sys.argv[1].split(':'); sys.path[:0] = path; "
+            "from nvshim.launch import write_launchers; "
+            "write_launchers(sys.argv[2], roots=path, cache_dir=sys.argv[3])")  # fmt: skip
+    subprocess.run([sys.executable, "-I", "-c", code, ":".join(path), bin_dir, cache_dir],
+                   check=True)  # fmt: skip
+
+
 def installed(work: str, name: str, root: str, sim) -> tuple[str, dict[str, str]]:
     """Launchers and a config for the nvshim package under ``root``: (runtime, env). Its
     low-level runtime is ``RUNC``, the benches' bare runc (wherever it was found)."""
     directory = os.path.join(work, name)
     bin_dir = os.path.join(directory, "bin")
     os.makedirs(directory, exist_ok=True)
-    write_launchers(bin_dir, roots=roots(root), cache_dir=os.path.join(directory, "cache"))
+    _write_launchers(bin_dir, roots(root), os.path.join(directory, "cache"))
     config = write_bench_config(directory, sim, bin_dir, f"runtimes = [{RUNC!r}]\n")
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": config}
     return os.path.join(bin_dir, "nvshim-runtime"), env

@@ -253,12 +253,11 @@ def test_a_planted_relative_pair_is_not_used(creates, tmp_path):  # noqa: F811
     use_runtime(creates, "runc")
     warm(creates)
     entry = os.path.join(creates.cache_dir, "runtime-front")
-    text = open(entry).read()
-    head = text[: text.index("\n\n") + 2]
+    lines = open(entry).read().split("\n")
     (tmp_path / "rel").mkdir()
     wrapped_runc(tmp_path / "rel" / "runc", f"echo planted >> {tmp_path / 'which'}")
-    with open(entry, "w") as fh:
-        fh.write(f"{head}rel\nrel/runc\n")
+    with open(entry, "w") as fh:  # the head, the planted pair, then the trigger words
+        fh.write("\n".join([*lines[:3], "rel", "rel/runc", *lines[lines.index("", 3) :]]))
     proc = front(creates, "list", path="rel", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert creates.python_starts() == 1  # the front did not take rel/runc from the file

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from nvshim import __version__
 from tests.podman_util import make_busybox_rootfs
 from tests.runc_util import make_bundle
 from tests.test_runtime_daemon import Daemon, creates  # noqa: F401
@@ -69,7 +70,7 @@ def test_a_swapped_symlinked_cache_directory_never_runs_another_users_program(cr
     warm(creates)  # root's genuine front cache in `real`
     genuine = open(os.path.join(real, "runtime-front")).read()
     program, record = pwn_program(open_dir)
-    runtime = genuine.splitlines()[-1]
+    runtime = genuine.splitlines()[4]  # the first pair's (passthrough: the layout)
     forged = genuine.replace(f"\n{runtime}\n", f"\n{program}\n")
     assert forged != genuine
     as_nobody("sh", "-c", f"cd {open_dir} && mkdir evil && ln -s {real} cache && "
@@ -124,7 +125,9 @@ def test_a_cache_directory_in_another_users_directory_is_never_trusted(creates, 
     assert proc.returncode == 1 and f"{theirs}: owned by uid 65534" in proc.stderr
     warm(creates)
     assert os.listdir(cache) == []  # no front cache written there
-    lines = ["nvshim x", "/x", "missing", "NVIDIA_", "", "", program]
+    # one the front would use, were the directory trusted: this nvshim's, this call's PATH
+    lines = [f"nvshim {__version__}", creates.config, "present", creates.env()["PATH"], program,
+             "", "NVIDIA_"]  # fmt: skip
     forged = "".join(f"{line}\n" for line in lines)
     as_nobody("sh", "-c", f"cat > {theirs}/front && mv {cache} {theirs}/moved && mkdir {cache} && "
               f"mv {theirs}/front {cache}/runtime-front", input=forged.encode())  # fmt: skip

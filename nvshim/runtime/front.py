@@ -248,6 +248,51 @@ for a do
   c) cmd=$a; break ;;
   esac
 done
+f=$c/{FRONT_CACHE}
+cfg=${{NVSHIM_CONFIG:-{DEFAULT_CONFIG}}}
+# safe: the cache directory $c and every directory above it are real directories (no
+# symlink) of this user's (root's), named plainly: only root can change what $c leads
+# to (the modes, which test cannot see, are checked by nvshim-runtimed at start, by
+# Python before it writes here, and by mine before a slot is used)
+safe() {{
+  case $c in *[!A-Za-z0-9/._+@:-]*|*//*|*/|*/./*|*/.|*/../*|*/..) return 1 ;; esac
+  p=$c
+  while [ -n "$p" ]; do
+    [ -d "$p" ] && [ ! -L "$p" ] && [ -O "$p" ] || return 1
+    p=${{p%/*}}
+  done
+}}
+[ -f "$f" ] && [ ! -L "$f" ] && safe || py "$@"
+rt= t= l1= tw=
+case $h$cmd in create|run) tw=1 ;; esac  # a create or run reads the trigger words too
+# the cache as opened (fd 0 of this group): a regular file of this user's, newer than
+# the configuration, checked and read through the one open file (byte by byte: the
+# pairs come before the words, which other calls do not read)
+{{
+  [ -f /proc/self/fd/0 ] && [ -O /proc/self/fd/0 ] && {{ [ ! -e "$cfg" ] ||
+    [ /proc/self/fd/0 -nt "$cfg" ]; }} && {{
+    IFS= read -r l1; IFS= read -r l2; IFS= read -r l3
+    while IFS= read -r p && [ -n "$p" ] && IFS= read -r r; do
+      [ "$p" = "${{PATH-}}" ] && {{ rt=$r; [ -n "$tw" ] || break; }}
+    done
+    [ -z "$tw" ] || while IFS= read -r w && [ -n "$w" ]; do t=$t$w$nl; done
+  }}
+}} <"$f"
+[ "$l1" = {sh_quote(f"nvshim {__version__}")} ] && [ "$l2" = "$cfg" ] || py "$@"
+# only an absolute runtime: a PATH with a relative entry has no pair (passthrough.fixed)
+case $rt in /*) [ -f "$rt" ] && [ -x "$rt" ] || rt= ;; *) rt= ;; esac
+if [ -e "$cfg" ]; then
+  [ "$l3" = present ] || py "$@"
+else
+  [ "$l3" = missing ] || py "$@"
+fi
+# pass: the call goes to the runtime (Python resolves a runtime the cache has not)
+pass() {{
+  [ -n "$rt" ] || py "$@"
+  [ -z "$h" ] && [ "$v" ] && printf '%s\\n' {sh_quote(f"nvshim-runtime version {__version__}")}
+}}
+# every command but these four is exec'd here: the shell never reads what follows
+case $cmd in create|run|exec|delete) ;; *) pass "$@"; exec "$rt" "$@" ;; esac
 if [ -z "$h" ]; then
   case $cmd in
   create|run)
@@ -319,45 +364,8 @@ if [ -z "$h" ]; then
     case $id in ''|.|..|*/*) ;; *) [ -e "$c/{MARKER_DIR}/$id" ] && mk=1 ;; esac ;;
   esac
 fi
-f=$c/{FRONT_CACHE}
-cfg=${{NVSHIM_CONFIG:-{DEFAULT_CONFIG}}}
-# safe: the cache directory $c and every directory above it are real directories (no
-# symlink) of this user's (root's), named plainly: only root can change what $c leads
-# to (the modes, which test cannot see, are checked by nvshim-runtimed at start, by
-# Python before it writes here, and by mine before a slot is used)
-safe() {{
-  case $c in *[!A-Za-z0-9/._+@:-]*|*//*|*/|*/./*|*/.|*/../*|*/..) return 1 ;; esac
-  p=$c
-  while [ -n "$p" ]; do
-    [ -d "$p" ] && [ ! -L "$p" ] && [ -O "$p" ] || return 1
-    p=${{p%/*}}
-  done
-}}
-[ -f "$f" ] && [ ! -L "$f" ] && safe || py "$@"
-rt= t= l1=
-# the cache as opened (fd 0 of this group): a regular file of this user's, newer than
-# the configuration, checked and read through the one open file
-{{
-  [ -f /proc/self/fd/0 ] && [ -O /proc/self/fd/0 ] && {{ [ ! -e "$cfg" ] ||
-    [ /proc/self/fd/0 -nt "$cfg" ]; }} && {{
-    IFS= read -r l1; IFS= read -r l2; IFS= read -r l3
-    while IFS= read -r w && [ -n "$w" ]; do t=$t$w$nl; done
-    while IFS= read -r p && IFS= read -r r; do
-      [ "$p" = "${{PATH-}}" ] && {{ rt=$r; break; }}
-    done
-  }}
-}} <"$f"
-[ "$l1" = {sh_quote(f"nvshim {__version__}")} ] && [ "$l2" = "$cfg" ] || py "$@"
-# only an absolute runtime: a PATH with a relative entry has no pair (passthrough.fixed)
-case $rt in /*) [ -f "$rt" ] && [ -x "$rt" ] || rt= ;; *) rt= ;; esac
-if [ -e "$cfg" ]; then
-  [ "$l3" = present ] || py "$@"
-else
-  [ "$l3" = missing ] || py "$@"
-fi
 [ -n "$j" ] || {{
-  [ -n "$rt" ] || py "$@"
-  [ -z "$h" ] && [ "$v" ] && printf '%s\\n' {sh_quote(f"nvshim-runtime version {__version__}")}
+  pass "$@"
   [ -n "$mk" ] || exec "$rt" "$@"
   "$rt" "$@"
   k=$?

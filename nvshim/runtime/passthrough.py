@@ -7,12 +7,15 @@ The cache file (``runtime-front`` in the cache directory)::
     nvshim VERSION
     CONFIG FILE                 its path
     present | missing           that file
-    TRIGGER                     one a line, at least one: nvshim.policy.request_triggers
-    ...
-    (an empty line)
-    PATH                        a caller's PATH (absolute entries only)
+    PATH                        a caller's PATH (absolute entries only, not empty)
     RUNTIME                     the runtime resolved with it (up to MAX_PATHS pairs)
     ...
+    (an empty line)
+    TRIGGER                     one a line, at least one: nvshim.policy.request_triggers
+    ...
+
+The front reads it byte by byte (a shell's ``read``), so what every call needs comes
+first: a call other than create or run stops at its ``PATH``'s pair.
 
 The front uses it only when it is a regular file owned by the caller, every line matches
 its own call, the runtime is still executable and the file is newer than the
@@ -59,7 +62,7 @@ def _pairs(lines: list[str]) -> list[list[str]]:
     return [lines[i : i + 2] for i in range(0, len(lines) - 1, 2)]
 
 
-def _trusted_pairs(entry: str, head: list[str], config_mtime: int | None):
+def _trusted_pairs(entry: str, head: list[str], triggers: list[str], config_mtime: int | None):
     """The (PATH, runtime) pairs of the entry on disk, when it was written for this
     configuration (same head and triggers, newer than the configuration file: every pair
     in it was then resolved with the file as it is), and whether every shell's ``-nt``
@@ -75,7 +78,10 @@ def _trusted_pairs(entry: str, head: list[str], config_mtime: int | None):
             pass
         return [], False
     lines = raw.decode("utf-8", "surrogateescape").split("\n")[:-1]
-    if lines[: len(head)] != head:
+    if lines[: len(head)] != head or "" not in lines[len(head) :]:
+        return [], False
+    end = lines.index("", len(head))
+    if lines[end + 1 :] != triggers:
         return [], False
     settled = True
     if config_mtime is not None:
@@ -86,13 +92,15 @@ def _trusted_pairs(entry: str, head: list[str], config_mtime: int | None):
         if mtime <= config_mtime:
             return [], False
         settled = mtime // 10**9 > config_mtime // 10**9
-    return _pairs(lines[len(head) :]), settled
+    return _pairs(lines[len(head) : end]), settled
 
 
 def fixed(path: str, runtime: str) -> bool:
     """Whether the runtime found with ``path`` is the same in every working directory:
-    an absolute runtime, and no relative entry in ``path`` (an empty one is skipped)."""
-    return runtime.startswith("/") and all(d.startswith("/") for d in path.split(":") if d)
+    an absolute runtime, and no relative entry in ``path`` (an empty one is skipped).
+    An empty ``path`` has no pair either (an empty line ends the pairs)."""
+    return (runtime.startswith("/") and path != ""
+            and all(d.startswith("/") for d in path.split(":") if d))  # fmt: skip
 
 
 def resolve_and_remember() -> str:
@@ -109,7 +117,7 @@ def resolve_and_remember() -> str:
     runtime = runtime_for(config)
     triggers = list(request_triggers(config.policy))
     status = "missing" if before is None else "present"
-    head = [f"nvshim {__version__}", path, status, *triggers, ""]
+    head = [f"nvshim {__version__}", path, status]
     mine = [os.environ.get("PATH", ""), runtime]
     if any("\n" in v for v in (*head, *mine)) or not all(triggers):
         return runtime
@@ -118,14 +126,14 @@ def resolve_and_remember() -> str:
 
     if not cache_dir_trusted():  # a directory others could change: no cache (the front
         return runtime  # starts Python for every call)
-    pairs, settled = _trusted_pairs(entry, head, None if before is None else before[2])
+    pairs, settled = _trusted_pairs(entry, head, triggers, None if before is None else before[2])
     # one (PATH, runtime) pair per caller's PATH (engines differ), the newest first; none
     # for a look-up that depends on the directory (the head and triggers still serve)
     ours = [mine] if fixed(*mine) else []
     if settled and (mine in pairs or not ours) and all(fixed(*p) for p in pairs):
         return runtime
     pairs = [*ours, *(p for p in pairs if p[0] != mine[0] and fixed(*p))][:MAX_PATHS]
-    text = "".join(f"{v}\n" for v in head + [v for pair in pairs for v in pair])
+    text = "".join(f"{v}\n" for v in [*head, *(v for pair in pairs for v in pair), "", *triggers])
     from nvshim.filecache import write_entry
 
     write_entry(entry, text.encode("utf-8", "surrogateescape"))

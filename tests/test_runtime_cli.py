@@ -571,6 +571,26 @@ def test_configured_cdi_kind_follows_config_edits(front):
     assert (front.starts(), front.calls()[-1]) == (3, f"plain create -b {plain} y")
 
 
+def test_a_trigger_word_holding_a_newline_leaves_no_cache(front):
+    """A configured CDI annotation prefix holding a newline would end its line in the
+    front's cache: none is written, every call starts Python and is still done."""
+    text = (
+        open(front.config)
+        .read()
+        .replace("[policy]\n", '[policy]\ncdi-annotation-prefixes = ["cdi.k8s.io/", "x\\ny/"]\n')
+    )
+    with open(front.config, "w") as fh:
+        fh.write(text)
+    past = os.stat(front.config).st_mtime_ns - 10 * 10**9
+    os.utime(front.config, ns=(past, past))
+    front.bundle("b")
+    for n in (1, 2):
+        assert front.call("list").returncode == 0
+        assert front.starts() == n
+    assert not os.path.exists(os.path.join(front.cache, "runtime-front"))
+    assert front.calls() == ["plain list", "plain list"]
+
+
 def test_first_create_writes_the_cache_and_keeps_it(front):
     """No pass-through call needed: the first create through Python leaves the cache, a
     later create through Python does not rewrite it."""

@@ -119,7 +119,7 @@ def resolve_and_remember() -> str:
     status = "missing" if before is None else "present"
     head = [f"nvshim {__version__}", path, status]
     mine = [os.environ.get("PATH", ""), runtime]
-    if any("\n" in v for v in (*head, *mine)) or not all(triggers):
+    if any("\n" in v for v in (*head, *triggers, *mine)) or not all(triggers):
         return runtime
     entry = entry_file()
     from nvshim.trusted import cache_dir_trusted

@@ -43,14 +43,20 @@ def roots(root: str) -> list[str]:
     return list(dict.fromkeys([root, *import_roots()]))
 
 
+def _in_tree(path: list[str], code: str, *args: str, env: dict[str, str] | None = None) -> None:
+    """Run ``code`` in a fresh interpreter that imports from ``path`` first (an nvshim tree
+    and its dependencies: ``path`` there), its arguments ``sys.argv[2:]``."""
+    prefix = "import sys; path = sys.argv[1].split(':'); sys.path[:0] = path; "
+    subprocess.run([sys.executable, "-I", "-c", prefix + code, ":".join(path), *args],
+                   env=env, check=True)  # fmt: skip
+
+
 def _write_launchers(bin_dir: str, path: list[str], cache_dir: str) -> None:
     """The launchers of the nvshim package first on ``path``, written by that package
     (an earlier tree's front and launcher code, not this one's)."""
-    code = ("import sys; path = sys.argv[1].split(':'); sys.path[:0] = path; "
-            "from nvshim.launch import write_launchers; "
+    code = ("from nvshim.launch import write_launchers; "
             "write_launchers(sys.argv[2], roots=path, cache_dir=sys.argv[3])")  # fmt: skip
-    subprocess.run([sys.executable, "-I", "-c", code, ":".join(path), bin_dir, cache_dir],
-                   check=True)  # fmt: skip
+    _in_tree(path, code, bin_dir, cache_dir)
 
 
 def installed(work: str, name: str, root: str, sim) -> tuple[str, dict[str, str]]:
@@ -125,7 +131,6 @@ def _parent(pid: str) -> int:
 def edited_bundle(bundle: str, cid: str, env: dict[str, str]) -> None:
     """Have nvshim edit ``bundle`` for its GPU request, as a create would (not timed): bare
     runc then creates the same container, without the finishing steps."""
-    code = ("import sys; sys.path[:0] = sys.argv[1].split(':'); from nvshim.runtime.create "
-            "import prepare_bundle; prepare_bundle(sys.argv[2], sys.argv[3], True)")  # fmt: skip
-    path = ":".join(roots(REPO))
-    subprocess.run([sys.executable, "-c", code, path, bundle, cid], env=env, check=True)
+    code = ("from nvshim.runtime.create import prepare_bundle; "
+            "prepare_bundle(sys.argv[2], sys.argv[3], True)")  # fmt: skip
+    _in_tree(roots(REPO), code, bundle, cid, env=env)

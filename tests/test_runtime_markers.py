@@ -139,7 +139,7 @@ def test_the_daemon_sweeps_the_markers_of_containers_that_are_gone(creates):  # 
     age(target)
     kept.update(fifo=fifo, symlink=target, live=marker(creates, live))
 
-    daemon = Daemon(creates, "--workers", "1", *SWEEP)
+    daemon = Daemon(creates, "--workers", "1", "--verbose", *SWEEP)
     try:
         _wait_for(lambda: not os.path.exists(marker(creates, gone)), "the marker was not swept")
         swept = f"exec marker {gone} removed: no container {gone} in {creates.root}"
@@ -190,6 +190,43 @@ def test_a_reused_id_renews_its_marker_and_keeps_it(creates):  # noqa: F811
         assert daemon.stop() == 0
 
 
+def test_the_front_leaves_a_deleted_containers_marker_to_the_daemon(creates):  # noqa: F811
+    """While nvshim-runtimed keeps its slots, the front execs a GPU container's delete and
+    its marker waits for the sweep (kept while young, swept once old); a marker that
+    names no state root (the sweep keeps those) is removed by the front itself, as is
+    every marker without the daemon; a failed delete keeps its marker either way."""
+    daemon = serve(creates, "--verbose", *SWEEP)
+    try:
+        ids = {}
+        for name in ("swept", "no-root"):
+            bundle, ids[name] = bundle_for(creates, name)
+            assert create(creates, bundle, ids[name]).returncode == 0, creates.output(ids[name])
+        open(marker(creates, ids["no-root"]), "w").close()  # as an older nvshim's
+        for cid in ids.values():
+            assert creates.call("delete", "--force", cid).returncode == 0
+            assert creates.state(cid) is None
+        time.sleep(0.6)  # sweeps: the young marker stays
+        assert os.path.exists(marker(creates, ids["swept"]))
+        assert not os.path.exists(marker(creates, ids["no-root"]))
+        age(marker(creates, ids["swept"]))
+        _wait_for(lambda: not os.path.exists(marker(creates, ids["swept"])), "not swept")
+        swept = ids["swept"]
+        assert f"exec marker {swept} removed: no container {swept} in {creates.root}" in (
+            daemon.text()
+        )
+        assert creates.python_starts() == 0
+    finally:
+        assert daemon.stop() == 0
+    bundle, cid = bundle_for(creates, "no-daemon")  # its slots went with it
+    assert create(creates, bundle, cid).returncode == 0, creates.output(cid)
+    assert os.path.exists(marker(creates, cid))
+    assert creates.call("delete", cid, capture_output=True).returncode == 0  # created: no -f
+    assert creates.state(cid) is None and not os.path.exists(marker(creates, cid))
+    plant(creates, cid, f"{creates.root}\n".encode())
+    assert creates.call("delete", cid, capture_output=True).returncode != 0  # not runc's
+    assert os.path.exists(marker(creates, cid))
+
+
 # -- without the daemon: nvshim doctor says what is left and how to clear it ----------------
 
 
@@ -213,6 +250,13 @@ def test_doctor_reports_markers_that_outlived_their_container(creates):  # noqa:
         assert result["status"] == "ok" and result["reason"].startswith(
             f"1 exec marker(s) in {os.path.dirname(path)}, none stale; 1 name no state root"
         ), result
+        _, later = gone_by_runc(creates, "doctor-later")  # after its sweep at start
+        result = doctor(creates)  # the daemon's next sweep takes it: no warning
+        assert result["status"] == "ok" and result["reason"].startswith(
+            f"1 exec marker(s) in {os.path.dirname(path)} of containers that are gone,"
+            " for nvshim-runtimed's next sweep; 1 name no state root"
+        ), result
+        assert os.path.exists(marker(creates, later))
     finally:
         assert daemon.stop() == 0
 

@@ -18,7 +18,9 @@ the global flags (runc's table, from ``nvshim.runtime.args``) up to the command 
   whose delete failed) goes to Python, which drops the stale marker;
 - ``exec``: starts Python only when the container id has a marker (nvshim prepared it);
 - ``delete`` of a container with a marker: runs the low-level runtime as its child and
-  removes the marker (``rm``) once it deleted the container; other deletes are exec'd;
+  removes the marker (``rm``) once it deleted the container, unless nvshim-runtimed keeps
+  its slots and the marker names a state root (the daemon sweeps it once the container
+  is gone); other deletes are exec'd;
 - anything else: execs the low-level runtime named in nvshim's cache (written by Python,
   ``nvshim.runtime.passthrough``, with the trigger words of the configuration); on a
   cache miss Python resolves it. A ``PATH`` with a relative entry never has a runtime
@@ -206,6 +208,7 @@ def front_text(
     (``interpreter -IS -c lost_code $0 RUNTIME ARGS``); without them such calls go to
     Python."""
     default = cache_dir or DEFAULT_CACHE_DIR
+    swept = f'[ -p "$c/{slots_name}/0.r" ]' if slots_name else "false"
     served = _served(interpreter, slots_name, lost_code) if slots_name else ""
     ask = 'srv "$@"; py "$@"' if slots_name else 'py "$@"'
 
@@ -350,7 +353,9 @@ if [ -z "$h" ]; then
       [ -e "$c/{MARKER_DIR}/$id" ] && py "$@"
     fi ;;
   delete)
-    # a container nvshim prepared: its marker goes once runc deleted it
+    # a container nvshim prepared: its marker goes once runc deleted it, removed here
+    # unless nvshim-runtimed keeps its slots and the marker names a state root: then
+    # the delete is exec'd and the daemon sweeps the marker (nvshim.runtime.markers)
     k=0
     for a do
       k=$((k + 1))
@@ -361,7 +366,10 @@ if [ -z "$h" ]; then
       *) [ -z "$id" ] || {{ id=; break; }}; id=$a ;;
       esac
     done
-    case $id in ''|.|..|*/*) ;; *) [ -e "$c/{MARKER_DIR}/$id" ] && mk=1 ;; esac ;;
+    case $id in
+    ''|.|..|*/*) ;;
+    *) m=$c/{MARKER_DIR}/$id; [ -e "$m" ] && {{ [ -s "$m" ] && {swept} || mk=1; }} ;;
+    esac ;;
   esac
 fi
 [ -n "$j" ] || {{

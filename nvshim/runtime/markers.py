@@ -1,13 +1,15 @@
 """Exec markers: ``exec/<container id>`` in the cache directory, one per container
 nvshim prepared for a GPU. The sh front (``nvshim.runtime.front``) sends an exec of a
-marked container to Python (which sets the enforced variables) and removes the marker
-when it deletes the container.
+marked container to Python (which sets the enforced variables). When it deletes the
+container it removes the marker, except one naming a state root while nvshim-runtimed
+keeps its slots: the daemon's sweep removes that one (no ``rm`` process per delete).
 
 A marker holds one line: the low-level runtime's state root (runc's ``--root``, else its
 default), when nvshim knows that runtime's layout (``<root>/<id>`` while the container
 exists: runc, crun); else it is empty. ``sweep`` (run by ``nvshim-runtimed``) removes a
-marker whose container is gone from its root, so markers whose delete failed or did not
-come through nvshim-runtime (runc deleted directly, a node crash) do not pile up. An
+marker whose container is gone from its root: those the front left to it, and those whose
+delete failed or did not come through nvshim-runtime (runc deleted directly, a node
+crash), so none pile up. An
 empty marker (written by an older nvshim, or for another runtime) is never swept: a wrong
 guess at its root would drop a live container's exec enforcement.
 """

@@ -31,7 +31,8 @@ daemon refuses to start on a cache directory another user could change
 (``nvshim.runtimed.trust.check_cache_dir``).
 
 At start and every ``--marker-sweep`` seconds the parent removes the exec markers whose
-container is gone (``nvshim.runtime.markers.sweep``).
+container is gone (``nvshim.runtime.markers.sweep``): while its slots are in place, the
+front leaves the marker of each GPU container it deletes to this sweep.
 
 Its modules: ``main`` (the command), ``server`` (listening, the parent's loop),
 ``pool`` (the parent's workers and slots in flight), ``worker`` (a call served in a

@@ -99,12 +99,14 @@ def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
     return listener, identity
 
 
-def sweep_markers() -> None:
-    """Remove the exec markers whose container is gone; one line for each."""
+def sweep_markers(verbose: bool) -> None:
+    """Remove the exec markers whose container is gone (with ``verbose``, one line for
+    each: the front leaves the marker of every GPU container it deletes to this sweep)."""
     from nvshim.runtime.markers import sweep
 
     for name, root in sweep(CACHE_DIR, time.time()):
-        say(2, f"exec marker {name} removed: no container {name} in {root}")
+        if verbose:
+            say(2, f"exec marker {name} removed: no container {name} in {root}")
 
 
 def _stop(*_) -> None:
@@ -146,7 +148,7 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     gc.freeze()  # the workers share the imported modules' pages instead of copying them
     ups = {} if slots is None else {slots.fds[k][1]: k for k in range(SLOTS)}
-    sweep_markers()
+    sweep_markers(verbose)
     swept = time.monotonic()
     try:
         for _ in range(limits.workers):
@@ -181,7 +183,7 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
             pool.dispatch()
             pool.sweep()
             if time.monotonic() - swept >= limits.marker_sweep:
-                sweep_markers()
+                sweep_markers(verbose)
                 swept = time.monotonic()
     finally:
         if file_identity(path) == identity:

@@ -18,6 +18,8 @@ from nvshim.hook import cgroup
 from nvshim.hook.args import HelpRequested, parse_args
 from nvshim.hook.ldconfig import (
     HOST_LDCONFIG,
+    _detach_procfs,
+    _proc_mounts_under,
     elf_soname,
     has_glibc_loader,
     is_static_elf,
@@ -298,6 +300,24 @@ def test_ldconfig_runs_sealed_from_a_tmpfs_holding_only_itself(tmp_path, monkeyp
     assert seen["top"] == "ldconfig", line  # its own root: the tmpfs, nothing of the image
     assert sorted(seen["root"].split(",")) == sorted(os.listdir(root)), line
     assert seen["proc"] == "", line  # the procfs under the root is detached
+
+
+def test_every_procfs_under_the_root_is_detached_stacked_ones_too(tmp_path):
+    """The ld-cache sandbox hides every procfs at or under the root (a magic link such
+    as ``/proc/1/root`` leads out): two stacked on one point, one deep in a library
+    directory; one outside the root stays. Real mounts in a private mount namespace."""
+    root, outside = tmp_path / "rootfs", tmp_path / "outside"
+    for folder in (root / "proc", root / "usr/lib/deep/proc", outside):
+        folder.mkdir(parents=True)
+
+    def work():
+        for point in (root / "proc", root / "proc", root / "usr/lib/deep/proc", outside):
+            kernel.mount("proc", str(point), "proc", 0)
+        before = _proc_mounts_under(str(root))
+        _detach_procfs(str(root))
+        return len(before), _proc_mounts_under(str(root)), _proc_mounts_under(str(outside))
+
+    assert in_private_mount_ns(work) == {"ok": [3, [], [str(outside)]]}
 
 
 def test_prestart_runs_only_our_finishing_steps():

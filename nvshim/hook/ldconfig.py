@@ -469,10 +469,13 @@ def _seal_and_spawn(
 
 def _detach_procfs(root_path: str) -> None:
     """Detach every procfs mount at or under ``root_path`` in this thread's (private)
-    mount namespace; raise when one is left."""
-    for _ in range(2):
+    mount namespace (two rounds: one stacked under another shows after the first); raise
+    when one is left. Each round reads mountinfo once, and a read that finds none ends it."""
+    for detached in range(3):
         procs = _proc_mounts_under(root_path)
         if not procs:
+            return
+        if detached == 2:
             break
         for mountpoint in sorted(procs, key=len):
             try:
@@ -480,8 +483,7 @@ def _detach_procfs(root_path: str) -> None:
             except OSError as err:
                 if err.errno not in (errno.EINVAL, errno.ENOENT):
                     raise
-    if _proc_mounts_under(root_path):
-        raise OSError(errno.EBUSY, "a procfs mount under the container root could not be hidden")
+    raise OSError(errno.EBUSY, "a procfs mount under the container root could not be hidden")
 
 
 # the host ldconfig's identity (device, inode, size, mtime, ctime) and a read-only

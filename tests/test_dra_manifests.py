@@ -74,6 +74,13 @@ def test_daemonset_runs_nvshim_dra_with_the_kubelets_paths(docs):
     assert host_path_of(given["mps-root"]) == given["mps-root"]
     assert host_path_of(given["host-root"]) == "/"
     assert "driver-root" not in given and "dev-root" not in given  # settings, not hard-coded
+    # the readiness probe checks the DRA socket; the startup probe, the same check, gives
+    # a slow start (discovery) minutes before the kubelet restarts the plugin
+    dra_sock = socket_paths(given["kubelet-dir"])[1]
+    assert container["readinessProbe"]["exec"]["command"] == ["test", "-S", dra_sock]
+    startup = container["startupProbe"]
+    assert startup["exec"] == container["readinessProbe"]["exec"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     assert pod["hostPID"] is True  # the claims' MPS daemons outlive the pod
     mps_mount = max((m for m in mounts if given["mps-root"].startswith(m)), key=len)
     assert mounts[mps_mount]["mountPropagation"] == "Bidirectional"  # daemon shm for the node

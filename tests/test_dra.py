@@ -1118,16 +1118,25 @@ def test_full_disk_keeps_the_old_checkpoint_and_undoes_the_prepare(api, sim, sho
         api.kube.delete(f"{CLAIMS}/{name}")
 
 
-def test_driver_container_layout_from_the_installers_variables(api, tmp_path, short_tmp):
+@pytest.mark.parametrize("ctr_path", [False, True], ids=["under-host-root", "ctr-path"])
+def test_driver_container_layout_from_the_installers_variables(api, tmp_path, short_tmp, ctr_path):
     """The GPU Operator's layout: the driver at /run/nvidia/driver on the node, the node's
-    / at --host-root in the pod, NVIDIA_DRIVER_ROOT (as the node installer reads it):
-    discovery finds the GPUs, the claim spec names the node's own paths."""
+    / at --host-root in the pod, NVIDIA_DRIVER_ROOT (as the node installer reads it), and
+    with DRIVER_ROOT_CTR_PATH/DEV_ROOT_CTR_PATH the driver mounted elsewhere in the pod:
+    discovery finds the GPUs where the pod sees them, the claim spec names the node's own
+    paths."""
     node_root = tmp_path / "node"
-    simhost = build_host("single", str(node_root / "run/nvidia/driver"))
+    node_root.mkdir()
+    argv_env = {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"}
+    if ctr_path:  # as the GPU Operator mounts it: nothing at /run/nvidia/driver under /host
+        seen = str(tmp_path / "driver-root")
+        argv_env |= {"DRIVER_ROOT_CTR_PATH": seen, "DEV_ROOT_CTR_PATH": seen}
+    else:
+        seen = str(node_root / "run/nvidia/driver")
+    simhost = build_host("single", seen)
     config = tmp_path / "config.toml"
     config.write_text('[runtime]\nhook-path = "/usr/local/nvshim/bin/nvshim-hook"\n')
     kubelet, cdi = short_tmp / "kubelet", str(short_tmp / "cdi")
-    argv_env = {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"}
     proc = subprocess.Popen(
         [NVSHIM, "dra", "run", "--kubeconfig", str(api.kubeconfig), "--kubelet-dir",
          str(kubelet), "--cdi-dir", cdi, "--mps-root", str(short_tmp / "mps"),
@@ -1154,13 +1163,62 @@ def test_driver_container_layout_from_the_installers_variables(api, tmp_path, sh
         libs = [m["hostPath"] for m in spec["containerEdits"]["mounts"]]
         assert any(p.startswith("/run/nvidia/driver/usr/lib/") and "libcuda.so" in p
                    for p in libs), libs  # fmt: skip
-        assert str(node_root) not in json.dumps(spec)
+        (device,) = spec["devices"]
+        nodes = [n.get("hostPath", n["path"]) for n in device["containerEdits"]["deviceNodes"]]
+        assert nodes == ["/run/nvidia/driver/dev/nvidia0"], nodes
+        assert str(tmp_path) not in json.dumps(spec)
         assert _unprepare(plugin, [claim])[claim["uid"]]["error"] == ""
     finally:
         _stop_plugin(proc)
         slices.withdraw(api.kube, "ctr-node")
     api.kube.delete(f"{CLAIMS}/ctr")
-    assert simhost.driver_root == str(node_root / "run/nvidia/driver")
+    assert simhost.driver_root == seen
+
+
+def test_driver_roots_are_the_installers(tmp_path):
+    """`nvshim dra run` and the node installer resolve the roots through one function:
+    the NVSHIM_ name first, the container path where discovery runs, the node path the
+    CDI specs name; the dev root follows the driver root's node path, under the host root."""
+    from nvshim.node.env import driver_roots, resolve_node
+
+    ctr, other = tmp_path / "driver-root", tmp_path / "other"
+    ctr.mkdir()
+    env = {
+        "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+        "NVSHIM_DRIVER_ROOT_CTR_PATH": str(ctr),
+        "DRIVER_ROOT_CTR_PATH": str(other),  # the NVSHIM_ form wins
+        "HOST_ROOT_MOUNT": str(tmp_path / "host"),
+    }
+    roots = driver_roots(str(tmp_path / "host"), env, need=True)
+    assert roots.pairs == (
+        (str(ctr), "/run/nvidia/driver"),
+        (str(tmp_path / "host/run/nvidia/driver"), "/run/nvidia/driver"),
+    )
+    node = resolve_node({}, {**env, "NO_RUNTIME_CONFIG": "true"})
+    assert (node.driver_root, node.driver_root_ctr, node.dev_root, node.dev_root_ctr) == (
+        roots.driver_root, roots.driver_root_ctr, roots.dev_root, roots.dev_root_ctr
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        ({"DRIVER_ROOT_CTR_PATH": "driver-root"},
+         "DRIVER_ROOT_CTR_PATH='driver-root': expected an absolute path"),
+        ({"DRIVER_ROOT_CTR_PATH": "/nonexistent/driver-root"},
+         "DRIVER_ROOT_CTR_PATH='/nonexistent/driver-root': not a directory"),
+        ({"NVSHIM_DEV_ROOT_CTR_PATH": "/nonexistent/dev", "DEV_ROOT_CTR_PATH": "/"},
+         "NVSHIM_DEV_ROOT_CTR_PATH='/nonexistent/dev': not a directory"),
+        ({"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"},
+         "NVIDIA_DRIVER_ROOT='/run/nvidia/driver': {host}/run/nvidia/driver is not a directory"),
+    ],
+    ids=["relative", "missing", "nvshim-name-first", "missing-under-host-root"],
+)  # fmt: skip
+def test_bad_driver_root_variable_is_one_line_naming_it(tmp_path, env, line):
+    out = run_nvshim("dra", "run", "--host-root", str(tmp_path), "--node-name", "n", env=env)
+    assert out.returncode != 0
+    (got,) = out.stderr.strip().splitlines()
+    assert got.startswith("nvshim: error: " + line.format(host=tmp_path)), got
 
 
 def test_publisher_follows_a_mig_layout_change_within_a_tick(api, tmp_path, short_tmp):

@@ -74,6 +74,13 @@ def test_daemonset_runs_nvshim_dra_with_the_kubelets_paths(docs):
     assert host_path_of(given["mps-root"]) == given["mps-root"]
     assert host_path_of(given["host-root"]) == "/"
     assert "driver-root" not in given and "dev-root" not in given  # settings, not hard-coded
+    # the readiness probe checks the DRA socket; the startup probe, the same check, gives
+    # a slow start (discovery) minutes before the kubelet restarts the plugin
+    dra_sock = socket_paths(given["kubelet-dir"])[1]
+    assert container["readinessProbe"]["exec"]["command"] == ["test", "-S", dra_sock]
+    startup = container["startupProbe"]
+    assert startup["exec"] == container["readinessProbe"]["exec"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     assert pod["hostPID"] is True  # the claims' MPS daemons outlive the pod
     mps_mount = max((m for m in mounts if given["mps-root"].startswith(m)), key=len)
     assert mounts[mps_mount]["mountPropagation"] == "Bidirectional"  # daemon shm for the node
@@ -138,3 +145,42 @@ def test_device_classes_select_what_the_slices_publish(docs, sim_hosts, tmp_path
         expression = " ".join(selector["cel"]["expression"].split())
         assert f'device.driver == "{DRIVER_NAME}"' in expression
         assert f'device.attributes["{DRIVER_NAME}"].type == "{kind}"' in expression
+
+
+def test_documented_driver_root_patch_mounts_where_the_variable_says(tmp_path):
+    """docs/dra.md's patch for a driver root mounted at a path of its own, applied as the
+    page says: the rendered DaemonSet validates, its DRIVER_ROOT_CTR_PATH is the mount of
+    the node's NVIDIA_DRIVER_ROOT, and the plugin's roots (the installer's resolution)
+    discover there and name the node's path."""
+    import re
+
+    import yaml
+
+    from nvshim.node.env import driver_roots
+
+    with open(os.path.join(REPO, "docs", "dra.md")) as fh:
+        (patch,) = re.findall(r"```yaml\n(# driver-root\.yaml\n.*?)```", fh.read(), re.S)
+    (tmp_path / "driver-root.yaml").write_text(patch)
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(DRA, tmp_path)],
+                "patches": [{"path": "driver-root.yaml"}],
+            }
+        )  # fmt: skip
+    )
+    docs = kustomize(str(tmp_path))
+    daemonset = by_kind(docs, "DaemonSet")
+    kubernetes_validate.validate(daemonset, newest_bundled(), strict=True)
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    mount, volume = mount_for(env["DRIVER_ROOT_CTR_PATH"], pod, container)
+    assert mount["mountPath"] == env["DRIVER_ROOT_CTR_PATH"]
+    assert volume["hostPath"]["path"] == env["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver"
+    host_root = dict(a[2:].split("=", 1) for a in container["command"][3:])["host-root"]
+    roots = driver_roots(host_root, env)
+    assert roots.pairs == (
+        ("/driver-root", "/run/nvidia/driver"),
+        (host_root + "/run/nvidia/driver", "/run/nvidia/driver"),
+    )

@@ -9,6 +9,7 @@ containerd gave them through the claim's CDI spec."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -107,34 +108,39 @@ def cluster(launchers):
 
     if k8s_archive() is None:  # as the harness's own fixtures: only without the archive
         pytest.skip("no Kubernetes archive (../shared/k8s, $NVSHIM_K8S_ARCHIVE)")
-    c = Cluster(containerd="1.7").start()
-    # the claims' MPS daemons: the fake control binary in the simulated driver root, run by
-    # whichever Python the mount namespace has (the node's, or the plugin image's own: the
-    # DaemonSet's pod has no /usr/bin/python3)
-    for rel, text in fake_mps_control.extra_files().items():
-        path = c.sim.host_path("/" + rel)
-        for name, body in ((path + ".py", text), (path, FAKE_CONTROL_LAUNCHER)):
-            with open(name, "w") as fh:
-                fh.write(body)
-            os.chmod(name, 0o755)
+    # the plugin's config and log, the hook's log: removed on teardown, a failed test's too
     tmp = tempfile.mkdtemp(prefix="k8s-dra-")
     config = os.path.join(tmp, "config.toml")
     with open(config, "w") as fh:
         fh.write(f'[runtime]\nhook-path = "{launchers}/nvshim-hook"\nlog-file = "{tmp}/hook.log"\n')
-    rendered = subprocess.run(
-        [f"{c.k8s_bin}/kubectl", "kustomize", os.path.join(REPO, "packaging/kubernetes/dra")],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    docs = yaml.safe_load_all(rendered)
-    c.apply([d for d in docs if d and d["kind"] == "DeviceClass"])
-    plugin = Plugin(c, config, os.path.join(tmp, "plugin.log"))
-    plugin.start()
     try:
-        yield c, plugin
+        c = Cluster(containerd="1.7").start()
+        plugin = Plugin(c, config, os.path.join(tmp, "plugin.log"))
+        try:
+            # the claims' MPS daemons: the fake control binary in the simulated driver root,
+            # run by whichever Python the mount namespace has (the node's, or the plugin
+            # image's own: the DaemonSet's pod has no /usr/bin/python3)
+            for rel, text in fake_mps_control.extra_files().items():
+                path = c.sim.host_path("/" + rel)
+                for name, body in ((path + ".py", text), (path, FAKE_CONTROL_LAUNCHER)):
+                    with open(name, "w") as fh:
+                        fh.write(body)
+                    os.chmod(name, 0o755)
+            kustomization = os.path.join(REPO, "packaging/kubernetes/dra")
+            rendered = subprocess.run(
+                [f"{c.k8s_bin}/kubectl", "kustomize", kustomization],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            docs = yaml.safe_load_all(rendered)
+            c.apply([d for d in docs if d and d["kind"] == "DeviceClass"])
+            plugin.start()
+            yield c, plugin
+        finally:
+            plugin.stop()
+            left = c.stop()
+            assert left == [], left
     finally:
-        plugin.stop()
-        left = c.stop()
-        assert left == [], left
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture

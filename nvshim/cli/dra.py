@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,6 +12,9 @@ from nvshim.cli.common import discover, option, root_options
 from nvshim.console import warn
 from nvshim.dra import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, DEFAULT_MPS_ROOT
 from nvshim.errors import UsageError
+
+if TYPE_CHECKING:
+    from nvshim.node.hostview import RootPairs
 
 
 def _node(node_name: str | None) -> str:
@@ -88,7 +92,7 @@ def run(
     from nvshim.dra.kube import connect
     from nvshim.dra.run import run as run_plugin
 
-    driver_root, dev_root = _roots(os.path.abspath(host_root), roots)
+    driver_root, dev_root, view = _roots(os.path.abspath(host_root), roots)
     run_plugin(
         connect(kubeconfig),
         _node(node_name),
@@ -101,16 +105,19 @@ def run(
         interval,
         resync,
         os.path.abspath(host_root),
+        view,
     )
 
 
-def _roots(host_root: str, roots: dict) -> tuple[str, str]:
-    """Where discovery runs: ``--driver-root``/``--dev-root`` as given (paths here); else,
-    in a pod (``--host-root``) or with the node installer's variables set
-    (``NVSHIM_DRIVER_ROOT``/``NVIDIA_DRIVER_ROOT``/``DRIVER_ROOT``, ``NVSHIM_DEV_ROOT``/
-    ``NVIDIA_DEV_ROOT``/``DEV_ROOT``: node paths), those under the host root; else the
-    config's ``[host]`` roots."""
-    from nvshim.node.env import VARS, driver_roots
+def _roots(host_root: str, roots: dict) -> tuple[str, str, RootPairs | None]:
+    """Where discovery runs, and (here, on the node) of the driver root and dev root for
+    the claims' CDI specs (None: under ``--host-root``, moved to /).
+
+    ``--driver-root``/``--dev-root`` as given (paths here); else, in a pod (``--host-root``)
+    or with the node installer's variables set (:func:`nvshim.node.env.driver_roots`: node
+    paths under the host root, or where ``DRIVER_ROOT_CTR_PATH``/``DEV_ROOT_CTR_PATH`` say
+    they are seen here); else the config's ``[host]`` roots."""
+    from nvshim.node.env import ROOT_SETTINGS, VARS, driver_roots
 
     ctx = click.get_current_context()
     given = {
@@ -118,14 +125,17 @@ def _roots(host_root: str, roots: dict) -> tuple[str, str]:
         for name in ("driver_root", "dev_root")
     }
     if all(given.values()):
-        return roots["driver_root"], roots["dev_root"]
-    names = VARS["driver_root"] + VARS["dev_root"]
+        return roots["driver_root"], roots["dev_root"], None
+    names = [name for setting in ROOT_SETTINGS for name in VARS[setting]]
     if host_root == "/" and not any(os.environ.get(n) for n in names):
-        return roots["driver_root"], roots["dev_root"]
-    driver, dev = driver_roots(host_root)
+        return roots["driver_root"], roots["dev_root"], None
+    found = driver_roots(host_root, need=True)
+    moved = (host_root, "/")  # a root given on the command line: under --host-root
+    (driver_pair, dev_pair) = found.pairs
     return (
-        roots["driver_root"] if given["driver_root"] else driver,
-        roots["dev_root"] if given["dev_root"] else dev,
+        roots["driver_root"] if given["driver_root"] else found.driver_root_ctr,
+        roots["dev_root"] if given["dev_root"] else found.dev_root_ctr,
+        (moved if given["driver_root"] else driver_pair, moved if given["dev_root"] else dev_pair),
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvshim.dra import CDI_CLASS, CDI_VENDOR, DRIVER_NAME, checkpoint, device_name
 from nvshim.dra.checkpoint import CheckpointError, check_name, check_namespace, check_request
@@ -28,6 +28,9 @@ from nvshim.dra.params import GpuConfig, ParamsError, configs_for_requests
 from nvshim.edits import ContainerEdits
 from nvshim.errors import NvshimError
 from nvshim.host.model import Host
+
+if TYPE_CHECKING:
+    from nvshim.node.hostview import RootPairs
 
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
 
@@ -91,6 +94,7 @@ class Driver:
         plugin_dir: str,
         mps_root: str,
         host_root: str = "/",
+        view: RootPairs | None = None,
     ):
         self.kube = kube
         self.node = node
@@ -100,6 +104,9 @@ class Driver:
         self.plugin_dir = plugin_dir
         self.mps_root = mps_root
         self.host_root = host_root
+        if view is None and host_root not in ("", "/"):
+            view = ((host_root, "/"), (host_root, "/"))
+        self.view = view
         self.lock = threading.Lock()
         self.claims, self.load_lines = checkpoint.load(self.checkpoint_path)
         self.dirty = bool(self.load_lines)  # the file differs from what was kept
@@ -379,14 +386,14 @@ class Driver:
         return replace(edits, hooks=[replace(h, env=HOOK_ENV) for h in edits.hooks])
 
     def host_view(self) -> Host:
-        """The host with the paths the node's runtime sees: discovery under ``host_root``
-        (the node's / mounted in the plugin's pod) moved back to /."""
-        if self.host_root in ("", "/"):
+        """The host with the paths the node's runtime sees: discovery's driver root and dev
+        root (``view``: (here, on the node); by default under ``host_root``, the node's /
+        mounted in the plugin's pod) moved back to the node's own."""
+        if self.view is None:
             return self.host
         from nvshim.node.hostview import rebase_host
 
-        pair = (self.host_root, "/")
-        return rebase_host(self.host, pair, pair)
+        return rebase_host(self.host, *self.view)
 
     def _write_spec(self, uid: str, spec: dict[str, Any]) -> None:
         from nvshim.fsutil import atomic_write

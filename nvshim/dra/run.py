@@ -19,12 +19,16 @@ import os
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from nvshim.dra import slices
 from nvshim.dra.kube import Kube, KubeError
 from nvshim.dra.prepare import Driver
 from nvshim.dra.server import Plugin, log, socket_paths
 from nvshim.errors import NvshimError
+
+if TYPE_CHECKING:
+    from nvshim.node.hostview import RootPairs
 
 KEY_OPTIONS = {"sink": "dra-resourceslices"}
 REGISTERED_RECHECK = 10.0  # seconds of per-tick slice checks after a registration
@@ -113,8 +117,10 @@ def run(
     interval: float = 5.0,
     resync: float = 60.0,
     host_root: str = "/",
+    view: RootPairs | None = None,
 ) -> None:
-    """Run until SIGTERM or SIGINT."""
+    """Run until SIGTERM or SIGINT. ``view``: (here, on the node) of the driver root and
+    dev root (:meth:`nvshim.dra.prepare.Driver.host_view`)."""
     from nvshim.host.discover import discover_host
 
     stop = threading.Event()
@@ -122,7 +128,7 @@ def run(
         signal.signal(signum, lambda *_: stop.set())
     host = discover_host(driver_root, dev_root)
     plugin_dir = os.path.dirname(socket_paths(kubelet_dir)[1])  # its DRA socket's
-    driver = Driver(kube, node, host, config, cdi_dir, plugin_dir, mps_root, host_root)
+    driver = Driver(kube, node, host, config, cdi_dir, plugin_dir, mps_root, host_root, view)
     for line in driver.reconcile():
         log(line)
     plugin = Plugin(driver, kubelet_dir)

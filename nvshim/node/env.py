@@ -27,6 +27,7 @@ from nvshim.engines.settings import (
 )
 from nvshim.errors import UsageError
 from nvshim.host.rootpath import in_root, resolve_in_root
+from nvshim.node.hostview import RootPairs
 from nvshim.record import field, record
 
 DEFAULT_HOST_ROOT = "/host"
@@ -81,6 +82,7 @@ VARS: dict[str, tuple[str, ...]] = {
     "device_nodes": ("NVSHIM_CREATE_DEVICE_NODES", "CREATE_DEVICE_NODES"),
     "runtimed": ("NVSHIM_RUNTIMED",),
 }
+ROOT_SETTINGS = ("driver_root", "dev_root", "driver_root_ctr", "dev_root_ctr")
 DEVICE_NODE_KINDS = ("control", "none")
 BOOLS = (
     "cdi_enabled",
@@ -180,15 +182,53 @@ def _first(setting: str, env: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def driver_roots(host_root: str, env: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """The driver root and dev root as the installer reaches them under ``host_root``,
-    from the same variables it reads (host paths; ``/`` and the driver root by default)."""
+@record(frozen=True)
+class DriverRoots:
+    """The driver root and the dev root: host paths, and where they are reached here."""
+
+    driver_root: str  # host path
+    driver_root_ctr: str
+    dev_root: str  # host path
+    dev_root_ctr: str
+
+    @property
+    def pairs(self) -> RootPairs:
+        """(here, on the host) of the driver root and of the dev root, as
+        :func:`nvshim.node.hostview.rebase_host` takes them."""
+        return (self.driver_root_ctr, self.driver_root), (self.dev_root_ctr, self.dev_root)
+
+
+def driver_roots(
+    host_root: str, env: Mapping[str, str] | None = None, need: bool = False
+) -> DriverRoots:
+    """The driver root and dev root from the installer's variables: host paths (``/`` and
+    the driver root by default), reached here at ``*_CTR_PATH`` if set, else under
+    ``host_root``. ``need``: each root a variable names must be a directory here (else one
+    :class:`~nvshim.errors.UsageError` line naming the variable)."""
     env = os.environ if env is None else env
-    found = _first("driver_root", env)
-    driver = _path(*found, host_root) if found and found[1] else "/"
-    found = _first("dev_root", env)
-    dev = _path(*found, host_root) if found and found[1] else driver
-    return _under(host_root, driver), _under(host_root, dev)
+    given: dict[str, tuple[str, str]] = {}  # setting -> (variable, value), set and not empty
+    path: dict[str, str] = {}
+    for setting in ROOT_SETTINGS:
+        found = _first(setting, env)
+        if found and found[1]:
+            given[setting] = found
+            path[setting] = _path(*found, None if setting.endswith("_ctr") else host_root)
+    driver = path.get("driver_root", "/")
+    dev = path.get("dev_root", driver)  # the reference's default too
+    roots = DriverRoots(
+        driver_root=driver,
+        driver_root_ctr=path.get("driver_root_ctr") or _under(host_root, driver),
+        dev_root=dev,
+        dev_root_ctr=path.get("dev_root_ctr") or _under(host_root, dev),
+    )
+    for root in ("driver_root", "dev_root") if need else ():
+        source = given.get(root + "_ctr") or given.get(root)
+        here = getattr(roots, root + "_ctr")
+        if source and not os.path.isdir(here):
+            name, raw = source
+            where = "" if here == raw else f" {here} is"
+            raise UsageError(f"{name}={raw!r}:{where} not a directory")
+    return roots
 
 
 def _path(name: str, raw: str, host_root: str | None = None) -> str:
@@ -303,8 +343,6 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
     paths = {}
     for setting, default in (
         ("prefix", DEFAULT_PREFIX),
-        ("driver_root", "/"),
-        ("dev_root", None),
         ("cdi_output_dir", DEFAULT_CDI_DIR),
         ("pid_file", DEFAULT_PID_FILE),
         ("crio_hooks_dir", DEFAULT_HOOKS_DIR),
@@ -314,10 +352,7 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
     ):
         raw = values.get(setting) or default
         paths[setting] = _path(src(setting), raw, host_root) if raw else None
-    for setting in ("driver_root_ctr", "dev_root_ctr", "ready_file"):
-        raw = values.get(setting)
-        paths[setting] = _path(src(setting), raw) if raw else None
-    for setting in ("sharing_config", "node_config"):
+    for setting in ("ready_file", "sharing_config", "node_config"):
         raw = values.get(setting)
         paths[setting] = _path(src(setting), raw) if raw else None
     if paths["drop_in_host"]:
@@ -329,7 +364,7 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
         paths["drop_in"] = paths["drop_in_host"]
     values["prefix"] = paths["prefix"]
     values["drop_in"] = paths["drop_in"]
-    dev_root = paths["dev_root"] or paths["driver_root"]  # the reference's default too
+    roots = driver_roots(host_root, env)
 
     crio_mode = values.get("crio_mode") or "config"
     if crio_mode not in ("config", "hook"):
@@ -374,10 +409,10 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
         engine_name=engine,
         host_root=host_root,
         prefix=paths["prefix"],
-        driver_root=paths["driver_root"],
-        driver_root_ctr=paths["driver_root_ctr"] or _under(host_root, paths["driver_root"]),
-        dev_root=dev_root,
-        dev_root_ctr=paths["dev_root_ctr"] or _under(host_root, dev_root),
+        driver_root=roots.driver_root,
+        driver_root_ctr=roots.driver_root_ctr,
+        dev_root=roots.dev_root,
+        dev_root_ctr=roots.dev_root_ctr,
         cdi_enabled=bool(values.get("cdi_enabled", False)),
         cdi_output_dir=paths["cdi_output_dir"],
         cdi_vendor=vendor,

@@ -27,6 +27,10 @@ def _walk(value, pair: tuple[str, str]):
     return value
 
 
+# (seen here, the host's own path) of the driver root and of the dev root
+RootPairs = tuple[tuple[str, str], tuple[str, str]]
+
+
 def rebase_host(host: Host, driver: tuple[str, str], dev: tuple[str, str]) -> Host:
     """``host`` with driver files moved from ``driver[0]`` (installer view) to
     ``driver[1]`` (the host's own path) and device nodes from ``dev[0]`` to ``dev[1]``."""

@@ -133,3 +133,40 @@ def test_the_writes_work_in_a_directory_only_root_can_change(open_dir, single, m
         assert sorted(os.listdir(inventory)) == [params, CACHE_NAME, "rdma-claims"]
         assert os.fstat(tree).st_size == len("ModifyDeviceFiles: 0\n")
     assert sorted(os.listdir(inventory)) == [CACHE_NAME, "rdma-claims"]
+
+
+def _uninstall_cleans(host_root: str, inventory_dir: str) -> list[str]:
+    """The lines of the node uninstall's cleaning of the run directories, for a host at
+    ``host_root`` whose config names ``inventory_dir``."""
+    from nvshim.node.env import NodeSettings
+    from nvshim.node.steps import clean_run_dirs
+
+    config = os.path.join(host_root, "config.toml")
+    with open(config, "w") as fh:
+        fh.write(f'[runtime]\ninventory-dir = "{inventory_dir}"\n')
+    s = NodeSettings(engine=None, engine_name="none", host_root=host_root, prefix="/opt/nvshim",
+                     driver_root="/", driver_root_ctr=host_root, dev_root="/",
+                     dev_root_ctr=host_root, node_config=config)  # fmt: skip
+    lines: list[str] = []
+    clean_run_dirs(s, lines.append)
+    return lines
+
+
+def test_the_node_uninstall_empties_only_an_inventory_dir_no_other_user_can_change(open_dir):  # noqa: F811
+    """The uninstall removes what is in the inventory directory, as root: in one
+    ``nobody`` owns a directory above (where they could swap a directory for a symlink
+    while it walks), it removes nothing and says so in one line."""
+    host = os.path.join(open_dir, "host")
+    os.makedirs(os.path.join(host, "srv/safe/rdma-claims"))
+    os.mkdir(os.path.join(host, "srv/theirs"))
+    os.chown(os.path.join(host, "srv/theirs"), 65534, 65534)  # nobody's
+    theirs = os.path.join(host, "srv/theirs/inv")
+    os.makedirs(os.path.join(theirs, "rdma-claims"))
+    assert _uninstall_cleans(host, "/srv/theirs/inv") == [
+        f"warning: left {theirs} as it is: {host}/srv/theirs: owned by uid 65534: another user "
+        "could change it"
+    ]
+    assert os.listdir(theirs) == ["rdma-claims"]
+    safe = os.path.join(host, "srv/safe")
+    assert _uninstall_cleans(host, "/srv/safe") == [f"removed 1 cache entry in {safe}"]
+    assert os.listdir(safe) == []

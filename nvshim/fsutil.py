@@ -19,6 +19,21 @@ def file_identity(path: str | int) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def write_new_at(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Write ``data`` to a new file ``name`` in directory ``dir_fd`` (``O_EXCL``, no
+    symlink followed), after removing one left there by a crash of a same-pid process."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 def _temp_file(directory: str, name: str) -> tuple[int, str]:
     """A new file beside the target (``O_EXCL``, mode 0600), as ``(fd, path)``."""
     for _ in range(100):

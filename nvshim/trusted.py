@@ -74,6 +74,26 @@ def open_trusted_dir(path: str, create: bool = False) -> int:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def trusted_dir_fd(path: str, what: str) -> int:
+    """A read fd of directory ``path`` (made when missing) that ``open_trusted_dir``
+    accepts, for the ``*at`` calls and ``flock`` of a write the user asked for; else
+    NvshimError: one line naming the offending directory, why, and ``what`` nvshim was
+    to keep there."""
+    from nvshim.errors import NvshimError
+
+    try:
+        fd = open_trusted_dir(path, create=True)
+        try:
+            return posix.open(".", posix.O_RDONLY | posix.O_DIRECTORY | posix.O_CLOEXEC, dir_fd=fd)
+        finally:
+            posix.close(fd)
+    except UntrustedDir as err:
+        why = f"nvshim keeps {what} only in a directory no other user can change"
+        raise NvshimError(f"{err}: {why}") from None
+    except OSError as err:
+        raise NvshimError(f"{path}: cannot keep {what} there: {err.strerror}") from None
+
+
 def dir_problem(st, last: bool) -> str:
     """Why a directory with ``st`` cannot be trusted ("" if it can)."""
     if (st.st_mode & _TYPE_MASK) != _DIRECTORY:

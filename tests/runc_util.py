@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from nvshim.record import asdict
@@ -416,10 +417,10 @@ def start_daemon(
             env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
         )  # fmt: skip
     deadline = time.monotonic() + 60
-    while "listening on" not in open(log).read():
+    while "listening on" not in (text := Path(log).read_text()):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"nvshim-runtimed did not start: {open(log).read()}")
+            raise RuntimeError(f"nvshim-runtimed did not start: {text}")
         time.sleep(0.02)
     return proc
 

@@ -181,8 +181,6 @@ def test_vendor_class_and_uuid_only_give_lowest_version(tmp_path, sim_hosts):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--vendor", "-bad"], "-bad"),
-        (["--class", "a/b"], "a/b"),
         (["-o", "/dev/null/cdi/spec.yaml"], "cannot create /dev/null"),
         (["-o", "spec.txt"], "spec.txt"),
         (["--capabilities", "compute,foo"], "--capabilities: unknown capability 'foo'; known"),
@@ -196,6 +194,35 @@ def test_bad_arguments_one_line(sim_hosts, args, needle):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert needle in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "flag, value, why",
+    [
+        ("--vendor", "-bad", "must start with a letter"),
+        ("--vendor", "x y", 'character " " is not allowed'),
+        ("--vendor", "", "must not be empty"),  # not the default in disguise
+        ("--class", "a/b", 'character "/" is not allowed'),
+        ("--class", "gpu.", "must end with a letter or digit"),
+    ],
+)
+def test_a_bad_cdi_name_option_is_named_and_nothing_is_written(
+    sim_hosts, tmp_path, flag, value, why
+):
+    """The error names the option and its value (as the other options' errors do); exit
+    2 (a usage error) and the spec already at -o left as it was."""
+    sim = sim_hosts("single")
+    out = tmp_path / "spec.yaml"
+    out.write_text("old\n")
+    proc = run_nvshim(
+        "cdi", "generate", "--driver-root", sim.driver_root, "--dev-root", sim.dev_root,
+        "-o", str(out), flag, value,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (
+        f"nvshim: error: {flag} \"{value}\": {why}; try 'nvshim cdi generate --help'\n"
+    )
+    assert out.read_text() == "old\n" and os.listdir(tmp_path) == ["spec.yaml"]
 
 
 def test_output_replaced_atomically(sim_hosts, tmp_path):

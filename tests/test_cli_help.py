@@ -297,7 +297,10 @@ def test_usage_errors_a_command_raises_end_as_the_parser_s(tmp_path):
          "--engine is required: containerd, docker or crio"),
         (run_nvshim("node", "install", env={"NVSHIM_ENGINE": "dockr"}), "nvshim node install",
          "NVSHIM_ENGINE='dockr'"),
-        (run_nvshim("cdi", "generate", "--vendor", "x y"), "nvshim cdi generate", "vendor"),
+        (run_nvshim("cdi", "generate", "--vendor", "x y"), "nvshim cdi generate",
+         '--vendor "x y": character " " is not allowed'),
+        (run_nvshim("cdi", "refresh", "-o", f"{tmp_path}/s.yaml", "--class", "-c"),
+         "nvshim cdi refresh", '--class "-c": must start with a letter'),
         (run_nvshim("runtime", "configure", "--runtime", "containerd", "--config", config,
                     "--nvidia-runtime-name", "runc"), "nvshim runtime configure", "runc"),
         (run_nvshim("--quiet", "unconfigure", "--engine", "docker", "--runtime-name", "a b"),
@@ -309,7 +312,7 @@ def test_usage_errors_a_command_raises_end_as_the_parser_s(tmp_path):
         assert proc.returncode == 2, (command, proc.stderr)
         line = _one_error(proc, "nvshim", words)
         assert line.endswith(f"; try '{command} --help'"), line
-    assert not os.path.exists(config)
+    assert not os.path.exists(config) and not os.path.exists(tmp_path / "s.yaml")
     assert cases[0][0].stderr.strip() in _message_examples()
 
 

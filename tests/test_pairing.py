@@ -206,6 +206,27 @@ def test_exclusive_nic_is_not_shared_between_containers(tmp_path, launchers, hgx
     assert rc3 == 0, err3
 
 
+def test_claims_are_refused_in_an_inventory_dir_another_user_owns(tmp_path, launchers, hgx):
+    """``nobody`` owns the directory above the inventory directory: the create fails with
+    one line naming it and no claim is written there (tests/test_inventory_trust.py)."""
+    config = write_pairing_config(tmp_path, hgx, launchers, enabled=True, exclusive=True)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    text = open(config).read().replace(f"{tmp_path}/state", f"{theirs}/state")
+    open(config, "w").write(text)
+    box = Containers(tmp_path, launchers, config)
+    cid, rc, err = box.create(request("2"))
+    box.discard(cid)
+    assert rc != 0
+    line = (
+        f"nvshim-hook: error: {theirs}: owned by uid 65534: nvshim keeps NIC claims only in a "
+        "directory no other user can change\\n"  # the hook's one line, as runc quotes it
+    )
+    assert line in err, err
+    assert os.listdir(theirs) == []
+
+
 def test_nic_outside_allow_list_is_refused_and_nothing_moves(tmp_path, launchers, hgx):
     config = write_pairing_config(
         tmp_path,

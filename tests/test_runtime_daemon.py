@@ -16,6 +16,7 @@ import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,7 +91,7 @@ def test_a_gpu_create_is_served_by_the_daemon(creates, daemon):
     assert state["status"] == "created"
     inside = f"/proc/{state['pid']}/root"
     assert os.readlink(f"{inside}{LIBDIR}/libcuda.so.1").startswith("libcuda.so.")
-    assert open(f"{inside}{CONF}").read().splitlines()[-1] == LIBDIR
+    assert Path(f"{inside}{CONF}").read_text().splitlines()[-1] == LIBDIR
     assert creates.python_starts() - before == 1
     link, _, _, cvd = creates.start_and_wait(cid).splitlines()
     assert link == f"libcuda.so.{creates.sim.driver_version}"
@@ -201,6 +202,16 @@ def test_exec_of_a_prepared_container_gets_the_enforced_variables(creates, daemo
     assert [s.split()[2] for s in daemon.served()] == ["create", "exec", "exec"]
 
 
+def send_request(sock, packet: bytes) -> None:
+    """Send ``packet`` with this process's stdio and an ``O_PATH`` fd of ``/`` as its
+    working directory, as the client does; that fd is closed once sent."""
+    cwd = os.open("/", os.O_PATH)
+    try:
+        socket.send_fds(sock, [packet], [0, 1, 2, cwd])
+    finally:
+        os.close(cwd)
+
+
 def test_the_daemon_declines_what_it_must_not_serve(creates, daemon):
     """Another nvshim, a malformed request, another user: declined, and it keeps serving."""
 
@@ -215,7 +226,8 @@ def test_the_daemon_declines_what_it_must_not_serve(creates, daemon):
                     os.setuid(uid)
                 with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
                     sock.connect(f"/proc/self/fd/{path}")
-                    socket.send_fds(sock, [packet], [0, 1, 2, os.open("/", os.O_PATH)])
+                    os.close(path)
+                    send_request(sock, packet)
                     os.write(write_end, sock.recv(wire.LIMIT))
             finally:
                 os._exit(0)
@@ -352,7 +364,7 @@ def test_the_runtime_lookup_never_returns_the_callers_own_program(creates, daemo
     """Served by the daemon as in-process: a configured runtime that is nvshim-runtime
     itself is skipped (else the client would exec itself, call after call)."""
     config = tmp_path / "self.toml"
-    text = open(creates.config).read()
+    text = Path(creates.config).read_text()
     config.write_text(text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{creates.runtime}"]\n'))
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     bundle = make_bundle(tmp_path, rootfs, ["/bin/true"], env=GPU, name="self")
@@ -388,7 +400,7 @@ def test_a_call_past_the_call_timeout_is_killed(creates):
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
             sock.connect(d.socket)
             packet = wire.pack(*base, *wire.counted([a.encode() for a in argv]), *env)
-            socket.send_fds(sock, [packet], [0, 1, 2, os.open("/", os.O_PATH)])
+            send_request(sock, packet)
             assert wire.unpack(sock.recv(wire.LIMIT))[0] == wire.SPAWN
             sock.settimeout(30)
             assert sock.recv(wire.LIMIT) == b""  # killed while waiting for the status

@@ -7,6 +7,7 @@ the fix."""
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import stat
 import subprocess
@@ -68,7 +69,7 @@ def test_a_swapped_symlinked_cache_directory_never_runs_another_users_program(cr
     os.mkdir(real, 0o755)
     creates.cache_dir = real
     warm(creates)  # root's genuine front cache in `real`
-    genuine = open(os.path.join(real, "runtime-front")).read()
+    genuine = pathlib.Path(real, "runtime-front").read_text()
     program, record = pwn_program(open_dir)
     runtime = genuine.splitlines()[4]  # the first pair's (passthrough: the layout)
     forged = genuine.replace(f"\n{runtime}\n", f"\n{program}\n")
@@ -199,10 +200,12 @@ if os.fork() == 0:
     null = os.open(os.devnull, os.O_RDWR)
     for n in (0, 1, 2):
         os.dup2(null, n)
+    os.close(null)
     while not os.path.exists(sys.argv[2]):
         time.sleep(0.01)
     code = client.served(sock, ["--root", sys.argv[4], "state", "none"])
-    open(sys.argv[3], "w").write(f"{code}\n")
+    with open(sys.argv[3], "w") as fh:
+        fh.write(f"{code}\n")
     os._exit(0)
 print(os.getpid(), flush=True)
 """

@@ -48,13 +48,15 @@ class SpecRequest:
         from nvshim.defaults import CAPABILITIES
         from nvshim.policy.capabilities import parse_capabilities
 
-        vendor = vendor or config.policy.cdi_vendor
-        cls = cls or ("gpu.shared" if sharing else config.policy.cdi_class)
-        try:
-            validate_vendor(vendor)
-            validate_class(cls)
+        try:  # the options' values: the config's were checked when it was read
+            if vendor is not None:
+                validate_vendor(vendor, "--vendor")
+            if cls is not None:
+                validate_class(cls, "--class")
         except ValueError as err:
             raise UsageError(str(err)) from None
+        vendor = vendor or config.policy.cdi_vendor
+        cls = cls or ("gpu.shared" if sharing else config.policy.cdi_class)
         cap_warnings: list[str] = []
         caps = parse_capabilities(
             capabilities,

@@ -69,21 +69,23 @@ def why_invalid(what: str, value: object) -> str | None:
     return None
 
 
-def _check(what: str, value: str) -> str:
+def _check(what: str, value: str, shown: str = "") -> str:
     reason = why_invalid(what, value)
     if reason is not None:
-        raise ValueError(f"{what} {quote(value)}: {reason}")
+        raise ValueError(f"{shown or what} {quote(value)}: {reason}")
     return value
 
 
-def validate_vendor(vendor: str) -> str:
-    """Return ``vendor`` if it is a valid CDI vendor name, else raise ValueError."""
-    return _check("vendor", vendor)
+def validate_vendor(vendor: str, shown: str = "") -> str:
+    """Return ``vendor`` if it is a valid CDI vendor name, else raise ValueError naming
+    it as ``shown`` (an option: ``--vendor``), or as the vendor."""
+    return _check("vendor", vendor, shown)
 
 
-def validate_class(cls: str) -> str:
-    """Return ``cls`` if it is a valid CDI class name, else raise ValueError."""
-    return _check("class", cls)
+def validate_class(cls: str, shown: str = "") -> str:
+    """Return ``cls`` if it is a valid CDI class name, else raise ValueError naming it
+    as ``shown`` (an option: ``--class``), or as the class."""
+    return _check("class", cls, shown)
 
 
 def validate_device_name(name: str) -> str:

@@ -146,18 +146,25 @@ def clean_run_dirs(s: NodeSettings, say: Say) -> None:
     both ``/run/nvshim`` by default: docs/configuration.md#directories); the node lock file
     stays until the lock is released. While containers still run through nvshim their exec
     markers stay (an install coming back must still enforce on their execs); the
-    pass-through removes them with itself."""
+    pass-through removes them with itself. A directory another user could change
+    (``nvshim.trusted.open_trusted_dir`` of its path under the host root, no symlink
+    followed: where nvshim writes nothing) is left as it is, with a warning."""
     from nvshim.node.leftover import users
     from nvshim.runtime import MARKER_DIR
-    from nvshim.trusted import DEFAULT_CACHE_DIR
+    from nvshim.trusted import DEFAULT_CACHE_DIR, UntrustedDir, open_trusted_dir
 
     inventory = host_side_config(s).runtime.inventory_dir
     keep = {s.here(s.pid_file)}
     if users(s):
         keep.add(s.here(os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR)))
     for host_dir in sorted({inventory, DEFAULT_CACHE_DIR}):
-        top = s.here(host_dir)
-        if not os.path.isdir(top) or os.path.islink(top):
+        top = os.path.normpath(os.path.join(s.host_root, host_dir.lstrip("/")))
+        try:
+            os.close(open_trusted_dir(top))
+        except FileNotFoundError:
+            continue
+        except (UntrustedDir, OSError) as err:
+            say(f"warning: left {top} as it is: {err}: another user could change it")
             continue
         gone = 0
         for name in os.listdir(top):

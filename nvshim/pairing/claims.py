@@ -2,7 +2,8 @@
 inventory-dir``) names the container holding the NIC, with its init's pid and start
 time. A claim is live while that process runs (same pid, same start time), so a
 container that is gone releases its NICs without a cleanup step. Claims are taken under
-a lock on the directory, all or none."""
+a lock on the directory, all or none, and kept (and read) only in a directory no other
+user can change (``nvshim.trusted.trusted_dir_fd``), through its fd."""
 
 from __future__ import annotations
 
@@ -11,12 +12,20 @@ import os
 
 from nvshim import fastjson
 from nvshim.errors import NvshimError
+from nvshim.fsutil import write_new_at
+from nvshim.trusted import trusted_dir_fd
 
 DIR = "rdma-claims"
 
 
 def claims_dir(inventory_dir: str) -> str:
     return os.path.join(inventory_dir, DIR)
+
+
+def open_claims(inventory_dir: str) -> int:
+    """A read fd of the claims directory (made when missing); NvshimError, one line
+    naming the directory, where another user could change it."""
+    return trusted_dir_fd(claims_dir(inventory_dir), "NIC claims")
 
 
 def start_time(pid: int) -> str | None:
@@ -33,12 +42,18 @@ def start_time(pid: int) -> str | None:
     return fields[19].decode()
 
 
-def _read(path: str) -> dict | None:
+def _read(dir_fd: int, name: str) -> dict | None:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        with open(path, "rb") as fh:
-            data = fastjson.loads(fh.read(4096))
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        data = fastjson.loads(os.read(fd, 4096))
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else None
 
 
@@ -49,33 +64,34 @@ def _live(claim: dict | None) -> bool:
 
 
 def live_claims(inventory_dir: str) -> dict[str, str]:
-    """HCA name -> container id, for every live claim."""
-    base = claims_dir(inventory_dir)
+    """HCA name -> container id, for every live claim (none where the directory is not
+    trusted: ``claim`` refuses to keep any there)."""
     try:
-        names = sorted(os.listdir(base))
-    except OSError:
+        base = open_claims(inventory_dir)
+    except NvshimError:
         return {}
     out = {}
-    for name in names:
-        claim = _read(os.path.join(base, name))
-        if _live(claim):
-            out[name] = str(claim.get("id"))
+    try:
+        for name in sorted(os.listdir(base)):
+            claim = _read(base, name)
+            if _live(claim):
+                out[name] = str(claim.get("id"))
+    finally:
+        os.close(base)
     return out
 
 
 def claim(inventory_dir: str, nics: list[str], container_id: str, pid: int) -> list[str]:
     """Claim ``nics`` for the container (idempotent for its own claims); NvshimError naming
     the holder, with nothing claimed, when another live container holds one."""
-    base = claims_dir(inventory_dir)
-    os.makedirs(base, mode=0o700, exist_ok=True)
     start = start_time(pid)
     if start is None:
         raise NvshimError(f"container {container_id}: process {pid} is gone; nothing claimed")
-    lock = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    base = open_claims(inventory_dir)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        fcntl.flock(base, fcntl.LOCK_EX)
         for nic in nics:
-            held = _read(os.path.join(base, nic))
+            held = _read(base, nic)
             if _live(held) and held.get("id") != container_id:
                 raise NvshimError(
                     f"RDMA device {nic} is claimed by container {held.get('id')} "
@@ -83,23 +99,27 @@ def claim(inventory_dir: str, nics: list[str], container_id: str, pid: int) -> l
                 )
         record = fastjson.dumps({"id": container_id, "pid": pid, "start": start}).encode()
         for nic in nics:
-            tmp = os.path.join(base, f".{nic}.{os.getpid()}")
-            with open(tmp, "wb") as fh:
-                fh.write(record)
-            os.replace(tmp, os.path.join(base, nic))
+            tmp = f".{nic}.{os.getpid()}"
+            write_new_at(base, tmp, record, 0o644)
+            os.replace(tmp, nic, src_dir_fd=base, dst_dir_fd=base)
     finally:
-        os.close(lock)
+        os.close(base)
     return list(nics)
 
 
 def release(inventory_dir: str, nics: list[str], container_id: str) -> None:
     """Drop the container's own claims on ``nics`` (after a failed start)."""
-    base = claims_dir(inventory_dir)
-    for nic in nics:
-        path = os.path.join(base, nic)
-        held = _read(path)
-        if held and held.get("id") == container_id:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+    try:
+        base = open_claims(inventory_dir)
+    except NvshimError:
+        return  # claim kept none there
+    try:
+        for nic in nics:
+            held = _read(base, nic)
+            if held and held.get("id") == container_id:
+                try:
+                    os.unlink(nic, dir_fd=base)
+                except OSError:
+                    pass
+    finally:
+        os.close(base)

@@ -10,6 +10,7 @@ import errno
 import os
 
 from nvshim.errors import NvshimError
+from nvshim.fsutil import write_new_at
 from nvshim.rootfs import kernel
 
 AT_FDCWD = -100
@@ -56,8 +57,9 @@ class private_file_tree:  # noqa: N801 - used as ``with private_file_tree(...) a
     on the host leads to once the block ends.
 
     The file lives on a private detached tmpfs; on kernels that cannot clone from a
-    detached mount it is written under ``state_dir`` and unlinked when the block ends
-    (after the caller attached the clone: an unlinked source cannot be attached).
+    detached mount it is written under ``state_dir`` (only where no other user can
+    change it: else NvshimError) and unlinked when the block ends (after the caller
+    attached the clone: an unlinked source cannot be attached).
     A class rather than ``contextlib``: the hook avoids that import per container.
     """
 
@@ -80,24 +82,20 @@ class private_file_tree:  # noqa: N801 - used as ``with private_file_tree(...) a
             tmpfs = kernel.private_tmpfs()
             self._fds.append(tmpfs)
             try:
-                _write_new(tmpfs, "file", self._data)
+                write_new_at(tmpfs, "file", self._data, 0o444)
                 self._fds.append(kernel.open_tree(tmpfs, "file", flags))
                 return self._fds[-1]
             except OSError as err:
                 if err.errno != errno.EINVAL:
                     raise
                 _clone_detached_works = False
-        os.makedirs(self._state_dir, mode=0o700, exist_ok=True)
-        flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        dir_fd = os.open(self._state_dir, flags_dir)
+        from nvshim.trusted import trusted_dir_fd
+
+        dir_fd = trusted_dir_fd(self._state_dir, f"the hook's {self._name} file")
         self._fds.append(dir_fd)
         tmp = f".{self._name}.{os.getpid()}"
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)  # left by an earlier crash of a same-pid process
-        except FileNotFoundError:
-            pass
         self._unlink = (dir_fd, tmp)
-        _write_new(dir_fd, tmp, self._data)
+        write_new_at(dir_fd, tmp, self._data, 0o444)
         self._fds.append(kernel.open_tree(dir_fd, tmp, flags))
         return self._fds[-1]
 
@@ -111,12 +109,3 @@ class private_file_tree:  # noqa: N801 - used as ``with private_file_tree(...) a
                     pass
                 self._unlink = None
             os.close(fd)
-
-
-def _write_new(dir_fd: int, name: str, data: bytes) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(name, flags, 0o444, dir_fd=dir_fd)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)

@@ -1037,6 +1037,8 @@ class Cluster:
         """Remove the ended (not ready) pod sandboxes of ``namespace``, and so their
         containers, through the engine's CRI: what the kubelet's container GC does for
         deleted pods, once a minute. How many were removed."""
+        import grpc
+
         from tests.cri_util import CriClient
 
         cri = CriClient(self.path(self.socket))
@@ -1048,9 +1050,17 @@ class Cluster:
             )
             found = cri.runtime.ListPodSandbox(api.ListPodSandboxRequest(filter=ended), timeout=30)
             for sandbox in found.items:
-                cri.runtime.RemovePodSandbox(
-                    api.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=60
-                )
+                request = api.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id)
+                for attempt in range(10):
+                    try:
+                        cri.runtime.RemovePodSandbox(request, timeout=60)
+                        break
+                    except grpc.RpcError:
+                        # the kubelet's own GC may be removing one of its containers at the
+                        # same moment (one caller at a time on a real node): try again
+                        if attempt == 9:
+                            raise
+                        time.sleep(0.5)
         finally:
             cri.close()
         return len(found.items)

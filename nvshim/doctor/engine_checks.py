@@ -145,14 +145,21 @@ def oci_hook(ctx: Context):
     return ok("oci-hook", f"{len(files)} hook file(s) -> {files[0][1]['hook']['path']}")
 
 
-@check("runtime-daemon", "nvshim-runtimed answers, so GPU creates skip the imports")
-def runtime_daemon(ctx: Context):
+def _daemon_socket():
+    """nvshim-runtimed's socket path, and a connection to it (None: nobody answers)."""
     from nvshim.runtime import DAEMON_SOCKET
     from nvshim.runtime.client import connect
     from nvshim.trusted import CACHE_DIR
 
     path = os.path.join(CACHE_DIR, DAEMON_SOCKET)
-    sock = connect(path)
+    return path, connect(path)
+
+
+@check("runtime-daemon", "nvshim-runtimed answers, so GPU creates skip the imports")
+def runtime_daemon(ctx: Context):
+    from nvshim.trusted import CACHE_DIR
+
+    path, sock = _daemon_socket()
     if sock is None:
         state = "a stale socket, nobody answers" if os.path.lexists(path) else "not running"
         return warn(
@@ -180,11 +187,7 @@ def runtime_daemon(ctx: Context):
 
 def _daemon_answers() -> bool:
     """Whether nvshim-runtimed answers at its socket."""
-    from nvshim.runtime import DAEMON_SOCKET
-    from nvshim.runtime.client import connect
-    from nvshim.trusted import CACHE_DIR
-
-    sock = connect(os.path.join(CACHE_DIR, DAEMON_SOCKET))
+    sock = _daemon_socket()[1]
     if sock is None:
         return False
     sock.close()

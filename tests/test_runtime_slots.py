@@ -12,6 +12,7 @@ import stat
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,7 +84,7 @@ def test_a_warm_gpu_create_starts_no_interpreter(creates, daemon):  # noqa: F811
     state = creates.state(cid)
     inside = f"/proc/{state['pid']}/root"
     assert os.readlink(f"{inside}{LIBDIR}/libcuda.so.1").startswith("libcuda.so.")
-    assert open(f"{inside}{CONF}").read().splitlines()[-1] == LIBDIR
+    assert Path(f"{inside}{CONF}").read_text().splitlines()[-1] == LIBDIR
     _, _, _, cvd = creates.start_and_wait(cid).splitlines()
     assert cvd == f"CVD={creates.sim.topology['gpus'][0]['uuid']}"
     _wait_for(lambda: claims(creates) == [], "the slot was not freed")
@@ -217,8 +218,9 @@ def wrapped_runc(path, before: str) -> str:
 
 def use_runtime(c, runtime: str) -> None:
     """Have ``c``'s configuration name ``runtime`` as its only low-level runtime."""
-    text = open(c.config).read()
-    open(c.config, "w").write(text.replace("[runtime]\n", f'[runtime]\nruntimes = ["{runtime}"]\n'))
+    config = Path(c.config)
+    line = f'[runtime]\nruntimes = ["{runtime}"]\n'
+    config.write_text(config.read_text().replace("[runtime]\n", line))
 
 
 class StandIn:

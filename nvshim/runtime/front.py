@@ -85,19 +85,18 @@ def _create_cases() -> str:
     return "\n        ".join(arms)
 
 
-def _served(interpreter: str, slots_name: str, lost_code: str) -> str:
+def _served(interpreter: str, lost_code: str) -> str:
     """The sh functions that have nvshim-runtimed serve a call through a slot
     (``nvshim.runtime.slots``, which describes the exchange and the checks)."""
     lost = f'exec {sh_quote(interpreter)} -IS -c {sh_quote(lost_code)} "$0" "$r" "$@"'
     mode_c = "d????[!w]??[!w]?"
     mode_a = f"{mode_c}|d????????[tT]"  # not writable by group or others, or sticky
     mode_s = "drwx------"
-    return f"""# srv ARGS: the call served by nvshim-runtimed through one of its slots
-# (nvshim.runtime.slots) when it runs, its slots are this user's own and fds 4 to 7
+    return f"""# srv ARGS: the call served by nvshim-runtimed through one of its slots ($d,
+# nvshim.runtime.slots) when it runs, its slots are this user's own and fds 4 to 7
 # are free; returns when the daemon did not take the call (nothing was done): then
 # Python does it
 srv() {{
-  d=$c/{slots_name}
   [ -p "$d/0.r" ] && [ -d "/proc/$$/fd" ] && mine && tool sleep || return 0
   w=$x
   for i in 4 5 6 7; do [ -e "/proc/$$/fd/$i" ] && return 0; done
@@ -208,8 +207,9 @@ def front_text(
     (``interpreter -IS -c lost_code $0 RUNTIME ARGS``); without them such calls go to
     Python."""
     default = cache_dir or DEFAULT_CACHE_DIR
-    swept = f'[ -p "$c/{slots_name}/0.r" ]' if slots_name else "false"
-    served = _served(interpreter, slots_name, lost_code) if slots_name else ""
+    slots = f"d=$c/{slots_name}\n" if slots_name else ""
+    swept = '[ -p "$d/0.r" ]' if slots_name else "false"
+    served = _served(interpreter, lost_code) if slots_name else ""
     ask = 'srv "$@"; py "$@"' if slots_name else 'py "$@"'
 
     g_bool = _names(GLOBAL_FLAGS, BOOL, ("help", "h", "version", "v"))
@@ -231,7 +231,7 @@ nl='
 '
 c=${{NVSHIM_CACHE_DIR:-{sh_quote(default)}}}
 case $c in /*) ;; *) c={sh_quote(default)} ;; esac
-s=g h= v= cmd= id= n=0 j= mk=
+{slots}s=g h= v= cmd= id= n=0 j= mk=
 for a do
   n=$((n + 1))
   case $s in

@@ -146,22 +146,56 @@ def test_a_cache_directory_in_another_users_directory_is_never_trusted(creates, 
 
 @pytest.mark.parametrize(
     "where",
-    ["/usr/lib/x86_64-linux-gnu/libzz.so.1", "/lib/libzz.so", "/opt/lib/libzz.so.2"],
-    ids=["multiarch", "trusted-dir", "conf-dir"],
-)
+    ["/usr/lib/x86_64-linux-gnu/libzz.so.1", "/lib/libzz.so", "/opt/lib/libzz.so.2",
+     "/lib/tls/x86_64/haswell/libzz.so.1"],
+    ids=["multiarch", "trusted-dir", "conf-dir", "deep-hwcap"],
+)  # fmt: skip
 def test_a_fifo_behind_a_library_name_fails_its_create_at_once(creates, where):  # noqa: F811
     """Issue 28 (3): ``libzz.so.1 -> /fifo`` in a directory the host ldconfig scans
-    (the multiarch and trusted directories, one an image conf names) held a worker for
-    60 s; the create now fails at once, naming the file, and the daemon serves on."""
+    (the multiarch and trusted directories, one an image conf names, hwcap directories
+    three deep: ldconfig descends at any depth, the prescan stopped at two) held a
+    worker for 60 s; the create now fails at once, naming the file, and the daemon
+    serves on."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-libfifo")
+    os.makedirs(os.path.dirname(f"{rootfs}{where}"), exist_ok=True)
+    os.mkfifo(f"{rootfs}/fifo")
+    os.symlink("/fifo", f"{rootfs}{where}")
+    os.makedirs(f"{rootfs}/etc/ld.so.conf.d", exist_ok=True)
+    with open(f"{rootfs}/etc/ld.so.conf.d/opt.conf", "w") as fh:
+        fh.write("/opt/lib\n")
+    _refused_at_once(creates, rootfs, where)
+
+
+@pytest.mark.parametrize(
+    "where, kind",
+    [("/var/cache/ldconfig/aux-cache", "fifo"), ("/var/cache/ldconfig/aux-cache~", "fifo"),
+     ("/etc/ld.so.cache~", "device")],
+    ids=["aux-cache-fifo", "aux-cache-temp-fifo", "cache-temp-device"],
+)  # fmt: skip
+def test_a_special_file_where_ldconfig_keeps_its_caches_fails_its_create_at_once(
+    creates,  # noqa: F811
+    where,
+    kind,
+):
+    """ldconfig reads ``/var/cache/ldconfig/aux-cache`` and writes both caches through
+    ``NAME~`` (``O_CREAT``, which opens what is there): a FIFO held a worker 20 s, and
+    root's ldconfig wrote the ld cache into a device node (a host disk's, through a loop
+    device, got its first bytes overwritten; here /dev/null's numbers: ldconfig failed
+    on it only after writing). The create fails at once, naming the file."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-cachefifo")
+    os.makedirs(os.path.dirname(f"{rootfs}{where}"), exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(f"{rootfs}{where}")
+    else:
+        os.mknod(f"{rootfs}{where}", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    _refused_at_once(creates, rootfs, where)
+
+
+def _refused_at_once(creates, rootfs, where: str) -> None:  # noqa: F811
+    """A served GPU create of glibc image ``rootfs`` fails within 10 s with one line
+    naming ``where`` (not a regular file); the daemon's only worker serves the next."""
     d = Daemon(creates, "--workers", "1")
     try:
-        rootfs = make_busybox_rootfs(creates.tmp / "rootfs-libfifo")
-        os.makedirs(os.path.dirname(f"{rootfs}{where}"), exist_ok=True)
-        os.mkfifo(f"{rootfs}/fifo")
-        os.symlink("/fifo", f"{rootfs}{where}")
-        os.makedirs(f"{rootfs}/etc/ld.so.conf.d", exist_ok=True)
-        with open(f"{rootfs}/etc/ld.so.conf.d/opt.conf", "w") as fh:
-            fh.write("/opt/lib\n")
         _glibc_loader(rootfs)
         cid = f"libfifo-{os.getpid()}"
         creates.ids.append(cid)

@@ -10,8 +10,9 @@ private copy of the mount namespace, detaches every procfs mount under the root 
 magic link such as ``/proc/1/root`` can lead it out), enters a detached read-only tmpfs
 holding a copy of the ldconfig fd's bytes (made once a process and kept while the file is
 the same) as the thread's root and ``posix_spawn``s it from there, with
-an almost empty environment and the root (checked against the root's fd) as its working
-directory, into which ``ldconfig -r .`` chroots before it reads anything; the thread's fd
+an almost empty environment and a ``nodev`` copy of the root (checked against the root's
+fd) as its working directory, into which ``ldconfig -r .`` chroots before it reads
+anything (no device node in the image can be opened); the thread's fd
 table is its own, closed on exec but for ldconfig's stdio. No fork of the calling
 process, whose pages a fork would copy. Nothing from the image is ever executed.
 """
@@ -39,6 +40,11 @@ CACHE = "/etc/ld.so.cache"
 CONF = "/etc/ld.so.conf"
 CONF_DIR = "/etc/ld.so.conf.d"
 CONF_FILE = f"{CONF_DIR}/00-nvshim.conf"
+AUX_CACHE = "/var/cache/ldconfig/aux-cache"
+# what ldconfig opens besides its configuration and the libraries: its auxiliary cache
+# (read) and the temporary files it writes both caches to (O_CREAT opens a FIFO or a
+# device node already there: it blocked on one, and wrote the cache into another)
+CACHE_FILES = (AUX_CACHE, f"{CACHE}~", f"{AUX_CACHE}~")
 INCLUDE_DEPTH = 4  # include levels looked through for FIFOs
 # what the host ldconfig scans besides the folders it is given and its configuration's:
 # its built-in trusted directories (multiarch ones on Debian-built ldconfigs)
@@ -267,6 +273,7 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         return fields
     fields["unreachable"] = len(missing)
     confs = refuse_special_confs(root)
+    refuse_special_caches(root)
     refuse_special_libraries(root, [*folders, *conf_dirs(root, confs), *TRUSTED_DIRS])
     text = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
     try:
@@ -300,13 +307,27 @@ def refuse_special_confs(root: RootFS) -> list[str]:
         if stat.S_ISDIR(mode):
             continue  # ldconfig reads no directory as configuration
         if not stat.S_ISREG(mode):
-            raise NvshimError(
-                f"{path} in the container root: not a regular file, ld cache not updated"
-            )
+            raise _not_regular(path)
         found.append(path)
         if depth < INCLUDE_DEPTH:
             todo += [(name, depth + 1) for name in _included(root, path)]
     return found
+
+
+def refuse_special_caches(root: RootFS) -> None:
+    """Raise NvshimError when a file of ``CACHE_FILES`` in the root (as ldconfig reaches
+    it) is neither a regular file nor a directory. Looked at through ``RootFS.stat``."""
+    for path in CACHE_FILES:
+        try:
+            mode = root.stat(path).st_mode
+        except (OSError, RootPathError):
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise _not_regular(path)
+
+
+def _not_regular(path: str) -> NvshimError:
+    return NvshimError(f"{path} in the container root: not a regular file, ld cache not updated")
 
 
 def conf_dirs(root: RootFS, confs: list[str]) -> list[str]:
@@ -334,15 +355,15 @@ def _library_name(name: str) -> bool:
 def refuse_special_libraries(root: RootFS, dirs: list[str]) -> None:
     """Raise NvshimError when an entry the host ldconfig would open in one of ``dirs``
     (a library name, followed through symlinks inside the root as ldconfig follows
-    them chrooted; the hwcap subdirectories it descends into) is neither a regular file
-    nor a directory: a FIFO there blocks it. Looked at through ``RootFS.stat``
+    them chrooted; the hwcap subdirectories it descends into, at any depth) is neither a
+    regular file nor a directory: a FIFO there blocks it. Looked at through ``RootFS.stat``
     (``O_PATH``), which never blocks; a missing target is ldconfig's warning, not an
     error. Past ``SCAN_LIMIT`` entries the rest is left to ``LDCONFIG_TIMEOUT``."""
     seen: set[tuple[int, int]] = set()
-    todo = [(d, 0) for d in dict.fromkeys(dirs)]
+    todo = list(dict.fromkeys(dirs))
     budget = SCAN_LIMIT
     while todo and budget > 0:
-        folder, depth = todo.pop()
+        folder = todo.pop()
         try:
             st = root.stat(folder)
         except (OSError, RootPathError):
@@ -363,12 +384,10 @@ def refuse_special_libraries(root: RootFS, dirs: list[str]) -> None:
             except (OSError, RootPathError):
                 continue
             if stat.S_ISDIR(mode):
-                if sub and depth < 2:
-                    todo.append((path, depth + 1))
+                if sub:
+                    todo.append(path)
             elif not stat.S_ISREG(mode):
-                raise NvshimError(
-                    f"{path} in the container root: not a regular file, ld cache not updated"
-                )
+                raise _not_regular(path)
 
 
 def _included(root: RootFS, path: str) -> list[str]:
@@ -436,8 +455,9 @@ def _seal_and_spawn(
     copy of its mount namespace with every procfs under the root detached (no magic link
     such as ``/proc/1/root`` can lead out); the detached tmpfs ``copy`` holding the host
     ldconfig (``ldconfig_copy``) as this thread's root; ldconfig spawned from there with
-    an almost empty environment, in the root (checked to be ``root_id``) as its working
-    directory, into which its ``-r .`` chroots first; its pid."""
+    an almost empty environment, in a ``nodev`` copy of the root (checked to be
+    ``root_id``) as its working directory, into which its ``-r .`` chroots first; its
+    pid."""
     kernel.unshare(kernel.CLONE_FILES | kernel.CLONE_FS)  # fds, root and cwd: this thread's
     # what the caller opens meanwhile is not in this table; what is here is closed when
     # the thread exits, and on exec (the fd scan below only on kernels before 5.11)
@@ -457,14 +477,37 @@ def _seal_and_spawn(
         st = os.fstat(top)
         if (st.st_dev, st.st_ino) != root_id:
             raise OSError(errno.ESTALE, "container root changed", root_path)
+        fds.append(_nodev_tree(top))
         os.fchdir(copy)
         os.chroot(".")  # "/ldconfig" is the copy; nothing of the root can be executed
-        os.fchdir(top)  # ldconfig -r . chroots into its working directory: the root
+        os.fchdir(fds[-1])  # ldconfig -r . chroots into its working directory: the root
         argv = ["ldconfig", "-r", ".", *folders]
         return os.posix_spawn("/ldconfig", argv, LDCONFIG_ENV, file_actions=actions)
     finally:
         for fd in (*fds, *stdio):  # this table's copies (the caller closes its own)
             os.close(fd)
+
+
+def _nodev_tree(top: int) -> int:
+    """A detached copy of the root ``top`` with every mount below it, all ``nodev``: no
+    device node in it can be opened (one the prescan did not see, past its limit or put
+    there after it: ldconfig read or wrote a host disk through it). Before Linux 5.12
+    (no ``mount_setattr``), a copy of ``top``."""
+    flags = kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_RECURSIVE
+    try:
+        tree = kernel.open_tree(top, "", flags | kernel.AT_EMPTY_PATH)
+    except OSError as err:
+        if err.errno != errno.ENOSYS:
+            raise
+        return os.dup(top)
+    try:
+        kernel.mount_setattr(tree, kernel.MOUNT_ATTR_NODEV, recursive=True)
+    except OSError as err:
+        os.close(tree)
+        if err.errno != errno.ENOSYS:
+            raise
+        return os.dup(top)
+    return tree
 
 
 def _detach_procfs(root_path: str) -> None:

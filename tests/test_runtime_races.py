@@ -191,9 +191,27 @@ def test_a_special_file_where_ldconfig_keeps_its_caches_fails_its_create_at_once
     _refused_at_once(creates, rootfs, where)
 
 
-def _refused_at_once(creates, rootfs, where: str) -> None:  # noqa: F811
+@pytest.mark.parametrize("fan", [0, 25], ids=["itself", "fan-out"])
+def test_an_include_cycle_in_the_images_ld_so_conf_fails_its_create_at_once(creates, fan):  # noqa: F811
+    """An ld.so.conf that includes itself: ldconfig follows the cycle until its deadline
+    (20 s), and the prescan, which followed includes four deep without remembering a
+    file, looked at 25 files including each other 25^4 times (the time grew as N^4,
+    unbounded by that deadline). Each file is now looked at once, and the cycle fails
+    the create at once, naming the file met again."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-cycle")
+    os.makedirs(f"{rootfs}/etc/c", exist_ok=True)
+    where = "/etc/ld.so.conf" if fan == 0 else "/etc/c/0.conf"
+    with open(f"{rootfs}/etc/ld.so.conf", "w") as fh:
+        fh.write("include /etc/ld.so.conf\n" if fan == 0 else "include /etc/c/*.conf\n")
+    for n in range(fan):
+        with open(f"{rootfs}/etc/c/{n}.conf", "w") as fh:
+            fh.write("include /etc/c/*.conf\n/opt/lib\n")
+    _refused_at_once(creates, rootfs, where, "includes itself")
+
+
+def _refused_at_once(creates, rootfs, where: str, why: str = "not a regular file") -> None:  # noqa: F811
     """A served GPU create of glibc image ``rootfs`` fails within 10 s with one line
-    naming ``where`` (not a regular file); the daemon's only worker serves the next."""
+    naming ``where`` and ``why``; the daemon's only worker serves the next."""
     d = Daemon(creates, "--workers", "1")
     try:
         _glibc_loader(rootfs)
@@ -206,7 +224,7 @@ def _refused_at_once(creates, rootfs, where: str) -> None:  # noqa: F811
         assert proc.returncode == 1 and time.monotonic() - began < 10, creates.output(cid)
         (line,) = creates.output(cid).splitlines()
         assert line.startswith("nvshim-runtime: error: ") and where in line, line
-        assert "not a regular file" in line and creates.state(cid) is None
+        assert why in line and creates.state(cid) is None
         bundle, cid = bundle_for(creates, "after-libfifo")
         assert create(creates, bundle, cid).returncode == 0, creates.output(cid)
     finally:

@@ -45,7 +45,6 @@ AUX_CACHE = "/var/cache/ldconfig/aux-cache"
 # (read) and the temporary files it writes both caches to (O_CREAT opens a FIFO or a
 # device node already there: it blocked on one, and wrote the cache into another)
 CACHE_FILES = (AUX_CACHE, f"{CACHE}~", f"{AUX_CACHE}~")
-INCLUDE_DEPTH = 4  # include levels looked through for FIFOs
 # what the host ldconfig scans besides the folders it is given and its configuration's:
 # its built-in trusted directories (multiarch ones on Debian-built ldconfigs)
 MULTIARCH = ("x86_64-linux-gnu", "aarch64-linux-gnu", "powerpc64le-linux-gnu",
@@ -291,26 +290,42 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
 def refuse_special_confs(root: RootFS) -> list[str]:
     """Raise NvshimError when a file the host ldconfig will open as configuration in the
     root is not a regular file (a FIFO would block it until its timeout, holding the
-    caller and a daemon worker meanwhile): ``/etc/ld.so.conf``, the entries of
-    ``/etc/ld.so.conf.d`` (nvshim's include) and, a few levels deep, what ``include``
-    lines name. Looked at through ``RootFS.stat``, which never blocks. Returns the
-    configuration files found (regular files)."""
+    caller and a daemon worker meanwhile), or includes itself (ldconfig follows the
+    cycle until its deadline; looked at through one include after another, the files
+    grew as N^4): ``/etc/ld.so.conf``, the entries of ``/etc/ld.so.conf.d`` (nvshim's
+    include) and what ``include`` lines name, at any depth, each file once. Looked at
+    through ``RootFS.stat``, which never blocks. Returns the configuration files found
+    (regular files)."""
     found = []
     ours = [n for n in root.listdir(CONF_DIR) or () if n.endswith(".conf")]
-    todo = [(CONF, 0)] + [(f"{CONF_DIR}/{n}", 1) for n in ours]
+    todo: list[tuple[str, tuple[int, int] | None]] = [(f"{CONF_DIR}/{n}", None) for n in ours]
+    todo.append((CONF, None))
+    open_, done = set(), set()  # files whose includes are being looked at, and were
     while todo:
-        path, depth = todo.pop()
+        path, leaving = todo.pop()
+        if leaving is not None:
+            open_.discard(leaving)
+            done.add(leaving)
+            continue
         try:
-            mode = root.stat(path).st_mode
+            st = root.stat(path)
         except OSError:
             continue  # absent or unreachable: ldconfig finds nothing there either
-        if stat.S_ISDIR(mode):
+        if stat.S_ISDIR(st.st_mode):
             continue  # ldconfig reads no directory as configuration
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(st.st_mode):
             raise _not_regular(path)
+        key = (st.st_dev, st.st_ino)
+        if key in open_:
+            raise NvshimError(
+                f"{path} in the container root: includes itself, ld cache not updated"
+            )
+        if key in done:
+            continue
         found.append(path)
-        if depth < INCLUDE_DEPTH:
-            todo += [(name, depth + 1) for name in _included(root, path)]
+        open_.add(key)
+        todo.append((path, key))
+        todo += [(name, None) for name in reversed(_included(root, path))]
     return found
 
 
@@ -410,7 +425,7 @@ def _included(root: RootFS, path: str) -> list[str]:
                 found.append(pattern)
                 continue
             # every entry a glob could match (no fnmatch: it imports re on a GPU create)
-            for entry in root.listdir(folder) or ():
+            for entry in sorted(root.listdir(folder) or ()):
                 if not entry.startswith("."):
                     found.append(posixpath.join(folder, entry))
     return found

@@ -134,8 +134,9 @@ def test_ldconfig_escape_is_real_without_the_seal(tmp_path, host_state):
 def test_ldconfig_opens_no_device_node_the_prescan_did_not_see(tmp_path, host_state):
     """A device node in the image that the prescan did not see (put there after it,
     through a volume another container shares, or past its SCAN_LIMIT): the sealed
-    ldconfig runs in a nodev copy of the root, so it cannot open it. It wrote the ld
-    cache into one (a loop device's disk got it at offset 0); now the open is refused."""
+    ldconfig's root is nodev in its private mount namespace, so it cannot open it. It
+    wrote the ld cache into one (a loop device's disk got it at offset 0); now the open
+    is refused."""
     from nvshim.errors import NvshimError
     from nvshim.hook.ldconfig import open_host_ldconfig, run_ldconfig
     from nvshim.rootfs.fsroot import RootFS

@@ -9,12 +9,12 @@ ldconfig, opened as an fd before anything else, runs sealed: a thread of its own
 private copy of the mount namespace, detaches every procfs mount under the root (no
 magic link such as ``/proc/1/root`` can lead it out), enters a detached read-only tmpfs
 holding a copy of the ldconfig fd's bytes (made once a process and kept while the file is
-the same) as the thread's root and ``posix_spawn``s it from there, with
-an almost empty environment and a ``nodev`` copy of the root (checked against the root's
-fd) as its working directory, into which ``ldconfig -r .`` chroots before it reads
-anything (no device node in the image can be opened); the thread's fd
-table is its own, closed on exec but for ldconfig's stdio. No fork of the calling
-process, whose pages a fork would copy. Nothing from the image is ever executed.
+the same) as the thread's root and ``posix_spawn``s it from there, with an almost empty
+environment and the root (checked against the root's fd; bound onto itself and made
+``nodev`` with every mount below it: no device node in the image can be opened) as its
+working directory, into which ``ldconfig -r .`` chroots before it reads anything; the
+thread's fd table is its own, closed on exec but for ldconfig's stdio. No fork of the
+calling process, whose pages a fork would copy. Nothing from the image is ever executed.
 """
 
 from __future__ import annotations
@@ -470,9 +470,9 @@ def _seal_and_spawn(
     copy of its mount namespace with every procfs under the root detached (no magic link
     such as ``/proc/1/root`` can lead out); the detached tmpfs ``copy`` holding the host
     ldconfig (``ldconfig_copy``) as this thread's root; ldconfig spawned from there with
-    an almost empty environment, in a ``nodev`` copy of the root (checked to be
-    ``root_id``) as its working directory, into which its ``-r .`` chroots first; its
-    pid."""
+    an almost empty environment, in the root (checked to be ``root_id``; bound onto
+    itself, ``nodev`` with every mount below) as its working directory, into which its
+    ``-r .`` chroots first; its pid."""
     kernel.unshare(kernel.CLONE_FILES | kernel.CLONE_FS)  # fds, root and cwd: this thread's
     # what the caller opens meanwhile is not in this table; what is here is closed when
     # the thread exits, and on exec (the fd scan below only on kernels before 5.11)
@@ -487,15 +487,16 @@ def _seal_and_spawn(
         kernel.unshare(kernel.CLONE_NEWNS)  # a copy of the caller's (setns would reset root)
         kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
         _detach_procfs(root_path)
+        kernel.mount(root_path, root_path, None, kernel.MS_BIND | kernel.MS_REC)  # for _nodev
         top = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         fds.append(top)
         st = os.fstat(top)
         if (st.st_dev, st.st_ino) != root_id:
             raise OSError(errno.ESTALE, "container root changed", root_path)
-        fds.append(_nodev_tree(top))
+        _nodev(top)
         os.fchdir(copy)
         os.chroot(".")  # "/ldconfig" is the copy; nothing of the root can be executed
-        os.fchdir(fds[-1])  # ldconfig -r . chroots into its working directory: the root
+        os.fchdir(top)  # ldconfig -r . chroots into its working directory: the root
         argv = ["ldconfig", "-r", ".", *folders]
         return os.posix_spawn("/ldconfig", argv, LDCONFIG_ENV, file_actions=actions)
     finally:
@@ -503,26 +504,17 @@ def _seal_and_spawn(
             os.close(fd)
 
 
-def _nodev_tree(top: int) -> int:
-    """A detached copy of the root ``top`` with every mount below it, all ``nodev``: no
-    device node in it can be opened (one the prescan did not see, past its limit or put
-    there after it: ldconfig read or wrote a host disk through it). Before Linux 5.12
-    (no ``mount_setattr``), a copy of ``top``."""
-    flags = kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_RECURSIVE
+def _nodev(top: int) -> None:
+    """Make the mount at the root ``top`` (the root bound onto itself in this thread's
+    private mount namespace) and every mount below it ``nodev``: no device node in the
+    root can be opened (one the prescan did not see, past its limit or put there after
+    it: ldconfig wrote the ld cache into a host disk through one). Before Linux 5.12 (no
+    ``mount_setattr``), left as they are."""
     try:
-        tree = kernel.open_tree(top, "", flags | kernel.AT_EMPTY_PATH)
+        kernel.mount_setattr(top, kernel.MOUNT_ATTR_NODEV, recursive=True)
     except OSError as err:
         if err.errno != errno.ENOSYS:
             raise
-        return os.dup(top)
-    try:
-        kernel.mount_setattr(tree, kernel.MOUNT_ATTR_NODEV, recursive=True)
-    except OSError as err:
-        os.close(tree)
-        if err.errno != errno.ENOSYS:
-            raise
-        return os.dup(top)
-    return tree
 
 
 def _detach_procfs(root_path: str) -> None:

@@ -209,6 +209,22 @@ def test_an_include_cycle_in_the_images_ld_so_conf_fails_its_create_at_once(crea
     _refused_at_once(creates, rootfs, where, "includes itself")
 
 
+def test_include_lines_naming_too_many_files_fail_the_create_at_once(creates):  # noqa: F811
+    """1,200 configuration files each including 1,200 others (no cycle): the prescan
+    looked at each of the 1.44 million names (the create took 25 s; 1,000 by 1,000 took
+    the prescan alone 10 s, outside ldconfig's deadline); past 200,000 the create fails
+    at once."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-wide")
+    with open(f"{rootfs}/etc/ld.so.conf", "w") as fh:
+        fh.write("include /etc/one/*.conf\n")
+    for layer, then in (("one", "include /etc/two/*.conf"), ("two", "/opt/lib")):
+        os.makedirs(f"{rootfs}/etc/{layer}")
+        for n in range(1200):
+            with open(f"{rootfs}/etc/{layer}/{n}.conf", "w") as fh:
+                fh.write(f"{then}\n")
+    _refused_at_once(creates, rootfs, "/etc/ld.so.conf", "name more than 200000 files")
+
+
 def _refused_at_once(creates, rootfs, where: str, why: str = "not a regular file") -> None:  # noqa: F811
     """A served GPU create of glibc image ``rootfs`` fails within 10 s with one line
     naming ``where`` and ``why``; the daemon's only worker serves the next."""

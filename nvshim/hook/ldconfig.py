@@ -292,15 +292,18 @@ def refuse_special_confs(root: RootFS) -> list[str]:
     root is not a regular file (a FIFO would block it until its timeout, holding the
     caller and a daemon worker meanwhile), or includes itself (ldconfig follows the
     cycle until its deadline; looked at through one include after another, the files
-    grew as N^4): ``/etc/ld.so.conf``, the entries of ``/etc/ld.so.conf.d`` (nvshim's
-    include) and what ``include`` lines name, at any depth, each file once. Looked at
-    through ``RootFS.stat``, which never blocks. Returns the configuration files found
-    (regular files)."""
+    grew as N^4), or whose include lines name more than ``SCAN_LIMIT`` files in all
+    (each one looked at: 1,000 files each including 1,000 others took 10 s):
+    ``/etc/ld.so.conf``, the entries of ``/etc/ld.so.conf.d`` (nvshim's include) and what
+    ``include`` lines name, at any depth, each file once. Looked at through
+    ``RootFS.stat``, which never blocks. Returns the configuration files found (regular
+    files)."""
     found = []
     ours = [n for n in root.listdir(CONF_DIR) or () if n.endswith(".conf")]
     todo: list[tuple[str, tuple[int, int] | None]] = [(f"{CONF_DIR}/{n}", None) for n in ours]
     todo.append((CONF, None))
     open_, done = set(), set()  # files whose includes are being looked at, and were
+    budget = SCAN_LIMIT
     while todo:
         path, leaving = todo.pop()
         if leaving is not None:
@@ -325,7 +328,14 @@ def refuse_special_confs(root: RootFS) -> list[str]:
         found.append(path)
         open_.add(key)
         todo.append((path, key))
-        todo += [(name, None) for name in reversed(_included(root, path))]
+        names, cost = _included(root, path, budget)
+        budget -= cost
+        if budget < 0:
+            raise NvshimError(
+                f"{CONF} in the container root: its include lines name more than "
+                f"{SCAN_LIMIT} files, ld cache not updated"
+            )
+        todo += [(name, None) for name in reversed(names)]
     return found
 
 
@@ -405,20 +415,24 @@ def refuse_special_libraries(root: RootFS, dirs: list[str]) -> None:
                 raise _not_regular(path)
 
 
-def _included(root: RootFS, path: str) -> list[str]:
+def _included(root: RootFS, path: str, limit: int) -> tuple[list[str], int]:
     """The files the ``include`` lines of configuration file ``path`` may name (for a
     glob in the last component every entry of its folder; relative patterns from
-    ``path``'s directory, as ldconfig reads them)."""
+    ``path``'s directory, as ldconfig reads them), and what finding them cost (patterns
+    and entries): once that passes ``limit``, what was found so far."""
     try:
         text = root.read(path, 1 << 20) or b""
     except (OSError, RootPathError):
-        return []
-    found = []
+        return [], 0
+    found, cost = [], 0
     for line in text.decode("utf-8", "replace").splitlines():
         words = line.split("#", 1)[0].split()
         if len(words) < 2 or words[0] != "include":
             continue
         for pattern in words[1:]:
+            cost += 1
+            if cost + len(found) > limit:
+                return found, cost + len(found)
             pattern = posixpath.join(posixpath.dirname(path), pattern)
             folder, name = posixpath.split(pattern)
             if not any(c in name for c in "*?["):
@@ -428,7 +442,7 @@ def _included(root: RootFS, path: str) -> list[str]:
             for entry in sorted(root.listdir(folder) or ()):
                 if not entry.startswith("."):
                     found.append(posixpath.join(folder, entry))
-    return found
+    return found, cost + len(found)
 
 
 def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:

@@ -225,6 +225,20 @@ def test_include_lines_naming_too_many_files_fail_the_create_at_once(creates):  
     _refused_at_once(creates, rootfs, "/etc/ld.so.conf", "name more than 200000 files")
 
 
+def test_an_ld_so_configuration_past_16_mib_fails_its_create_at_once(creates):  # noqa: F811
+    """30 files in /etc/ld.so.conf.d naming 90,000 directories each (a 28 MB image,
+    gzip makes it small): the prescan parsed each line and looked at each of the 2.7
+    million directories (the create took 34 s, past ldconfig's 20 s deadline and more
+    with each file: ldconfig itself takes 3 s; a file over 1 MiB it did not parse at
+    all). Past 16 MiB of configuration the create fails at once."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-dirs")
+    os.makedirs(f"{rootfs}/etc/ld.so.conf.d", exist_ok=True)
+    for n in range(30):
+        with open(f"{rootfs}/etc/ld.so.conf.d/{n:02d}.conf", "w") as fh:
+            fh.write("".join(f"/d{n}x{i}\n" for i in range(90_000)))
+    _refused_at_once(creates, rootfs, "/etc/ld.so.conf.d/18.conf", "passes 16 MiB")
+
+
 def _refused_at_once(creates, rootfs, where: str, why: str = "not a regular file") -> None:  # noqa: F811
     """A served GPU create of glibc image ``rootfs`` fails within 10 s with one line
     naming ``where`` and ``why``; the daemon's only worker serves the next."""

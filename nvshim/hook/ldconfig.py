@@ -55,6 +55,7 @@ TRUSTED_DIRS = (*TOPS, *(f"{top}/{arch}" for arch in MULTIARCH for top in TOPS[:
 HWCAP_DIRS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "xeon_phi", "i686", "i586",
               "sse2", "avx512_1", "aarch64", "power8", "power9", "power10")  # fmt: skip
 SCAN_LIMIT = 200_000  # directory entries looked at, at most (the deadline covers more)
+CONF_BYTES = 16 << 20  # configuration files read in all, at most (an image's: a few KiB)
 MAX_CACHE_BYTES = 64 << 20
 LDCONFIG_ENV = {"LC_ALL": "C"}
 LDCONFIG_TIMEOUT = 20.0  # a backstop: what could block it was refused beforehand
@@ -293,17 +294,20 @@ def refuse_special_confs(root: RootFS) -> list[str]:
     caller and a daemon worker meanwhile), or includes itself (ldconfig follows the
     cycle until its deadline; looked at through one include after another, the files
     grew as N^4), or whose include lines name more than ``SCAN_LIMIT`` files in all
-    (each one looked at: 1,000 files each including 1,000 others took 10 s):
+    (each one looked at: 1,000 files each including 1,000 others took 10 s), or that
+    pass ``CONF_BYTES`` in all (each line parsed: 28 MB naming 2.7 million directories
+    took 35 s; a file over 1 MiB was not parsed at all, though ldconfig reads it):
     ``/etc/ld.so.conf``, the entries of ``/etc/ld.so.conf.d`` (nvshim's include) and what
     ``include`` lines name, at any depth, each file once. Looked at through
     ``RootFS.stat``, which never blocks. Returns the configuration files found (regular
     files)."""
     found = []
     ours = [n for n in root.listdir(CONF_DIR) or () if n.endswith(".conf")]
-    todo: list[tuple[str, tuple[int, int] | None]] = [(f"{CONF_DIR}/{n}", None) for n in ours]
+    todo: list[tuple[str, tuple[int, int] | None]]
+    todo = [(f"{CONF_DIR}/{n}", None) for n in sorted(ours, reverse=True)]
     todo.append((CONF, None))
     open_, done = set(), set()  # files whose includes are being looked at, and were
-    budget = SCAN_LIMIT
+    budget, size = SCAN_LIMIT, 0
     while todo:
         path, leaving = todo.pop()
         if leaving is not None:
@@ -325,6 +329,12 @@ def refuse_special_confs(root: RootFS) -> list[str]:
             )
         if key in done:
             continue
+        size += st.st_size
+        if size > CONF_BYTES:
+            raise NvshimError(
+                f"{path} in the container root: the ld.so configuration passes "
+                f"{CONF_BYTES >> 20} MiB, ld cache not updated"
+            )
         found.append(path)
         open_.add(key)
         todo.append((path, key))
@@ -357,11 +367,14 @@ def _not_regular(path: str) -> NvshimError:
 
 def conf_dirs(root: RootFS, confs: list[str]) -> list[str]:
     """The directories configuration files ``confs`` name (the lines that are not an
-    ``include``; a legacy ``=TYPE`` suffix dropped), as ldconfig reads them."""
-    dirs = []
+    ``include``; a legacy ``=TYPE`` suffix dropped), as ldconfig reads them; the first
+    ``SCAN_LIMIT`` (the prescan looks at no more)."""
+    dirs: list[str] = []
     for path in confs:
+        if len(dirs) >= SCAN_LIMIT:
+            return dirs[:SCAN_LIMIT]
         try:
-            text = root.read(path, 1 << 20) or b""
+            text = root.read(path, CONF_BYTES) or b""
         except (OSError, RootPathError):
             continue
         for line in text.decode("utf-8", "replace").splitlines():
@@ -383,12 +396,14 @@ def refuse_special_libraries(root: RootFS, dirs: list[str]) -> None:
     them chrooted; the hwcap subdirectories it descends into, at any depth) is neither a
     regular file nor a directory: a FIFO there blocks it. Looked at through ``RootFS.stat``
     (``O_PATH``), which never blocks; a missing target is ldconfig's warning, not an
-    error. Past ``SCAN_LIMIT`` entries the rest is left to ``LDCONFIG_TIMEOUT``."""
+    error. Past ``SCAN_LIMIT`` directories and entries the rest is left to
+    ``LDCONFIG_TIMEOUT`` (2.7 million directories that are not there took 35 s)."""
     seen: set[tuple[int, int]] = set()
     todo = list(dict.fromkeys(dirs))
     budget = SCAN_LIMIT
     while todo and budget > 0:
         folder = todo.pop()
+        budget -= 1
         try:
             st = root.stat(folder)
         except (OSError, RootPathError):
@@ -421,7 +436,7 @@ def _included(root: RootFS, path: str, limit: int) -> tuple[list[str], int]:
     ``path``'s directory, as ldconfig reads them), and what finding them cost (patterns
     and entries): once that passes ``limit``, what was found so far."""
     try:
-        text = root.read(path, 1 << 20) or b""
+        text = root.read(path, CONF_BYTES) or b""
     except (OSError, RootPathError):
         return [], 0
     found, cost = [], 0

@@ -125,6 +125,9 @@ def settle_files(s: NodeSettings, say: Say, wait: float = 10.0) -> None:
         time.sleep(0.2)
 
 
+TREE_DEPTH = 64  # directory levels _remove_tree goes down (deeper ones stay)
+
+
 def _remove_tree(top: str) -> None:
     """Remove ``top`` and what it holds through directory fds, never following a symlink
     nor resolving a path below ``top`` again (a container writes in its MPS pipe
@@ -136,9 +139,6 @@ def _remove_tree(top: str) -> None:
         _remove_at(parent, os.path.basename(top), TREE_DEPTH)
     finally:
         os.close(parent)
-
-
-TREE_DEPTH = 64  # directory levels _remove_tree goes down (deeper ones stay)
 
 
 def _remove_at(dir_fd: int, name: str, depth: int) -> None:

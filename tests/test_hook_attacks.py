@@ -131,6 +131,27 @@ def test_ldconfig_escape_is_real_without_the_seal(tmp_path, host_state):
     assert os.readlink(os.path.join(canary, "libcanary.so.1")) == "libcanary.so.1.0"
 
 
+def test_ldconfig_opens_no_device_node_the_prescan_did_not_see(tmp_path, host_state):
+    """A device node in the image that the prescan did not see (put there after it,
+    through a volume another container shares, or past its SCAN_LIMIT): the sealed
+    ldconfig's root is nodev in its private mount namespace, so it cannot open it. It
+    wrote the ld cache into one (a loop device's disk got it at offset 0); now the open
+    is refused."""
+    from nvshim.errors import NvshimError
+    from nvshim.hook.ldconfig import open_host_ldconfig, run_ldconfig
+    from nvshim.rootfs.fsroot import RootFS
+
+    rootfs = make_busybox_rootfs(tmp_path / "rootfs")
+    os.mknod(f"{rootfs}/etc/ld.so.cache~", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    fd = open_host_ldconfig()
+    try:
+        with RootFS(rootfs) as root, pytest.raises(NvshimError) as caught:
+            run_ldconfig(root, fd, ["/lib"])  # the prescan's callers are update_ldcache's
+    finally:
+        os.close(fd)
+    assert str(caught.value).endswith("/etc/ld.so.cache~: Permission denied"), caught.value
+
+
 def test_proc_and_dev_links_out_stay_inside(tmp_path, launchers, driver_lib, host_state):
     """``proc -> <host dir>`` and ``dev -> /``: runc itself refuses these roots, so the
     hook steps run directly (as a prestart hook of another runtime would)."""

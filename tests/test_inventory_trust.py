@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
+import subprocess
+import time
 
 import pytest
 
@@ -18,7 +21,7 @@ from nvshim.host.inventory import CACHE_NAME, load_cached, load_host, store
 from nvshim.pairing import claims
 from nvshim.rootfs import bind
 from tests.sim.simhost import build_host
-from tests.test_runtime_races import as_nobody, open_dir  # noqa: F401
+from tests.test_runtime_races import NOBODY, as_nobody, open_dir  # noqa: F401
 
 WHY = "only in a directory no other user can change"
 
@@ -170,3 +173,38 @@ def test_the_node_uninstall_empties_only_an_inventory_dir_no_other_user_can_chan
     safe = os.path.join(host, "srv/safe")
     assert _uninstall_cleans(host, "/srv/safe") == [f"removed 1 cache entry in {safe}"]
     assert os.listdir(safe) == []
+
+
+def test_the_node_uninstall_never_follows_a_directory_swapped_for_a_symlink(open_dir):  # noqa: F811
+    """A container writes in its MPS pipe directory (bind-mounted from the cache
+    directory): ``nobody`` there swaps a directory of theirs with a symlink to a host
+    directory (``renameat2(RENAME_EXCHANGE)``) while the uninstall empties the cache
+    directory. The walk listed the directory, then unlinked by path through the symlink:
+    root removed the host's file. Now it works through directory fds and the host's file
+    stays, whatever the timing."""
+    from tests.test_runtime_races import SWAP, SYSTEM_PYTHON
+
+    host = os.path.join(open_dir, "host")
+    canary = os.path.join(host, "etc")
+    os.makedirs(canary)
+    pipe = os.path.join(host, "run/nvshim/mps/GPU-0/pipe")
+    for attempt in range(30):
+        with open(os.path.join(canary, "victim"), "w") as fh:
+            fh.write("host file\n")
+        shutil.rmtree(os.path.join(host, "run"), ignore_errors=True)  # what a try left
+        os.makedirs(pipe)
+        os.chown(pipe, 65534, 65534)  # the container's process may write here
+        as_nobody("sh", "-c", f"cd {pipe} && mkdir x && : > x/victim && "
+                  "ln -s ../../../../../etc y")  # fmt: skip
+        swapper = subprocess.Popen(
+            [*NOBODY, SYSTEM_PYTHON, "-c", SWAP, "x", "y", "5"], cwd=pipe,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            time.sleep(0.05)
+            _uninstall_cleans(host, "/srv/none")
+        finally:
+            swapper.kill()
+            swapper.wait()
+        assert os.path.exists(os.path.join(canary, "victim")), f"attempt {attempt}"
+        assert os.listdir(canary) == ["victim"]

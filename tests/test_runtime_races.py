@@ -146,22 +146,104 @@ def test_a_cache_directory_in_another_users_directory_is_never_trusted(creates, 
 
 @pytest.mark.parametrize(
     "where",
-    ["/usr/lib/x86_64-linux-gnu/libzz.so.1", "/lib/libzz.so", "/opt/lib/libzz.so.2"],
-    ids=["multiarch", "trusted-dir", "conf-dir"],
-)
+    ["/usr/lib/x86_64-linux-gnu/libzz.so.1", "/lib/libzz.so", "/opt/lib/libzz.so.2",
+     "/lib/tls/x86_64/haswell/libzz.so.1"],
+    ids=["multiarch", "trusted-dir", "conf-dir", "deep-hwcap"],
+)  # fmt: skip
 def test_a_fifo_behind_a_library_name_fails_its_create_at_once(creates, where):  # noqa: F811
     """Issue 28 (3): ``libzz.so.1 -> /fifo`` in a directory the host ldconfig scans
-    (the multiarch and trusted directories, one an image conf names) held a worker for
-    60 s; the create now fails at once, naming the file, and the daemon serves on."""
+    (the multiarch and trusted directories, one an image conf names, hwcap directories
+    three deep: ldconfig descends at any depth, the prescan stopped at two) held a
+    worker for 60 s; the create now fails at once, naming the file, and the daemon
+    serves on."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-libfifo")
+    os.makedirs(os.path.dirname(f"{rootfs}{where}"), exist_ok=True)
+    os.mkfifo(f"{rootfs}/fifo")
+    os.symlink("/fifo", f"{rootfs}{where}")
+    os.makedirs(f"{rootfs}/etc/ld.so.conf.d", exist_ok=True)
+    with open(f"{rootfs}/etc/ld.so.conf.d/opt.conf", "w") as fh:
+        fh.write("/opt/lib\n")
+    _refused_at_once(creates, rootfs, where)
+
+
+@pytest.mark.parametrize(
+    "where, kind",
+    [("/var/cache/ldconfig/aux-cache", "fifo"), ("/var/cache/ldconfig/aux-cache~", "fifo"),
+     ("/etc/ld.so.cache~", "device")],
+    ids=["aux-cache-fifo", "aux-cache-temp-fifo", "cache-temp-device"],
+)  # fmt: skip
+def test_a_special_file_where_ldconfig_keeps_its_caches_fails_its_create_at_once(
+    creates,  # noqa: F811
+    where,
+    kind,
+):
+    """ldconfig reads ``/var/cache/ldconfig/aux-cache`` and writes both caches through
+    ``NAME~`` (``O_CREAT``, which opens what is there): a FIFO held a worker 20 s, and
+    root's ldconfig wrote the ld cache into a device node (a host disk's, through a loop
+    device, got its first bytes overwritten; here /dev/null's numbers: ldconfig failed
+    on it only after writing). The create fails at once, naming the file."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-cachefifo")
+    os.makedirs(os.path.dirname(f"{rootfs}{where}"), exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(f"{rootfs}{where}")
+    else:
+        os.mknod(f"{rootfs}{where}", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    _refused_at_once(creates, rootfs, where)
+
+
+@pytest.mark.parametrize("fan", [0, 25], ids=["itself", "fan-out"])
+def test_an_include_cycle_in_the_images_ld_so_conf_fails_its_create_at_once(creates, fan):  # noqa: F811
+    """An ld.so.conf that includes itself: ldconfig follows the cycle until its deadline
+    (20 s), and the prescan, which followed includes four deep without remembering a
+    file, looked at 25 files including each other 25^4 times (the time grew as N^4,
+    unbounded by that deadline). Each file is now looked at once, and the cycle fails
+    the create at once, naming the file met again."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-cycle")
+    os.makedirs(f"{rootfs}/etc/c", exist_ok=True)
+    where = "/etc/ld.so.conf" if fan == 0 else "/etc/c/0.conf"
+    with open(f"{rootfs}/etc/ld.so.conf", "w") as fh:
+        fh.write("include /etc/ld.so.conf\n" if fan == 0 else "include /etc/c/*.conf\n")
+    for n in range(fan):
+        with open(f"{rootfs}/etc/c/{n}.conf", "w") as fh:
+            fh.write("include /etc/c/*.conf\n/opt/lib\n")
+    _refused_at_once(creates, rootfs, where, "includes itself")
+
+
+def test_include_lines_naming_too_many_files_fail_the_create_at_once(creates):  # noqa: F811
+    """1,200 configuration files each including 1,200 others (no cycle): the prescan
+    looked at each of the 1.44 million names (the create took 25 s; 1,000 by 1,000 took
+    the prescan alone 10 s, outside ldconfig's deadline); past 200,000 the create fails
+    at once."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-wide")
+    with open(f"{rootfs}/etc/ld.so.conf", "w") as fh:
+        fh.write("include /etc/one/*.conf\n")
+    for layer, then in (("one", "include /etc/two/*.conf"), ("two", "/opt/lib")):
+        os.makedirs(f"{rootfs}/etc/{layer}")
+        for n in range(1200):
+            with open(f"{rootfs}/etc/{layer}/{n}.conf", "w") as fh:
+                fh.write(f"{then}\n")
+    _refused_at_once(creates, rootfs, "/etc/ld.so.conf", "name more than 200000 files")
+
+
+def test_an_ld_so_configuration_past_16_mib_fails_its_create_at_once(creates):  # noqa: F811
+    """30 files in /etc/ld.so.conf.d naming 90,000 directories each (a 28 MB image,
+    gzip makes it small): the prescan parsed each line and looked at each of the 2.7
+    million directories (the create took 34 s, past ldconfig's 20 s deadline and more
+    with each file: ldconfig itself takes 3 s; a file over 1 MiB it did not parse at
+    all). Past 16 MiB of configuration the create fails at once."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs-dirs")
+    os.makedirs(f"{rootfs}/etc/ld.so.conf.d", exist_ok=True)
+    for n in range(30):
+        with open(f"{rootfs}/etc/ld.so.conf.d/{n:02d}.conf", "w") as fh:
+            fh.write("".join(f"/d{n}x{i}\n" for i in range(90_000)))
+    _refused_at_once(creates, rootfs, "/etc/ld.so.conf.d/18.conf", "passes 16 MiB")
+
+
+def _refused_at_once(creates, rootfs, where: str, why: str = "not a regular file") -> None:  # noqa: F811
+    """A served GPU create of glibc image ``rootfs`` fails within 10 s with one line
+    naming ``where`` and ``why``; the daemon's only worker serves the next."""
     d = Daemon(creates, "--workers", "1")
     try:
-        rootfs = make_busybox_rootfs(creates.tmp / "rootfs-libfifo")
-        os.makedirs(os.path.dirname(f"{rootfs}{where}"), exist_ok=True)
-        os.mkfifo(f"{rootfs}/fifo")
-        os.symlink("/fifo", f"{rootfs}{where}")
-        os.makedirs(f"{rootfs}/etc/ld.so.conf.d", exist_ok=True)
-        with open(f"{rootfs}/etc/ld.so.conf.d/opt.conf", "w") as fh:
-            fh.write("/opt/lib\n")
         _glibc_loader(rootfs)
         cid = f"libfifo-{os.getpid()}"
         creates.ids.append(cid)
@@ -172,7 +254,7 @@ def test_a_fifo_behind_a_library_name_fails_its_create_at_once(creates, where): 
         assert proc.returncode == 1 and time.monotonic() - began < 10, creates.output(cid)
         (line,) = creates.output(cid).splitlines()
         assert line.startswith("nvshim-runtime: error: ") and where in line, line
-        assert "not a regular file" in line and creates.state(cid) is None
+        assert why in line and creates.state(cid) is None
         bundle, cid = bundle_for(creates, "after-libfifo")
         assert create(creates, bundle, cid).returncode == 0, creates.output(cid)
     finally:

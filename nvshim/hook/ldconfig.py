@@ -9,11 +9,12 @@ ldconfig, opened as an fd before anything else, runs sealed: a thread of its own
 private copy of the mount namespace, detaches every procfs mount under the root (no
 magic link such as ``/proc/1/root`` can lead it out), enters a detached read-only tmpfs
 holding a copy of the ldconfig fd's bytes (made once a process and kept while the file is
-the same) as the thread's root and ``posix_spawn``s it from there, with
-an almost empty environment and the root (checked against the root's fd) as its working
-directory, into which ``ldconfig -r .`` chroots before it reads anything; the thread's fd
-table is its own, closed on exec but for ldconfig's stdio. No fork of the calling
-process, whose pages a fork would copy. Nothing from the image is ever executed.
+the same) as the thread's root and ``posix_spawn``s it from there, with an almost empty
+environment and the root (checked against the root's fd; bound onto itself and made
+``nodev`` with every mount below it: no device node in the image can be opened) as its
+working directory, into which ``ldconfig -r .`` chroots before it reads anything; the
+thread's fd table is its own, closed on exec but for ldconfig's stdio. No fork of the
+calling process, whose pages a fork would copy. Nothing from the image is ever executed.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ CACHE = "/etc/ld.so.cache"
 CONF = "/etc/ld.so.conf"
 CONF_DIR = "/etc/ld.so.conf.d"
 CONF_FILE = f"{CONF_DIR}/00-nvshim.conf"
-INCLUDE_DEPTH = 4  # include levels looked through for FIFOs
+AUX_CACHE = "/var/cache/ldconfig/aux-cache"
+# what ldconfig opens besides its configuration and the libraries: its auxiliary cache
+# (read) and the temporary files it writes both caches to (O_CREAT opens a FIFO or a
+# device node already there: it blocked on one, and wrote the cache into another)
+CACHE_FILES = (AUX_CACHE, f"{CACHE}~", f"{AUX_CACHE}~")
 # what the host ldconfig scans besides the folders it is given and its configuration's:
 # its built-in trusted directories (multiarch ones on Debian-built ldconfigs)
 MULTIARCH = ("x86_64-linux-gnu", "aarch64-linux-gnu", "powerpc64le-linux-gnu",
@@ -50,6 +55,7 @@ TRUSTED_DIRS = (*TOPS, *(f"{top}/{arch}" for arch in MULTIARCH for top in TOPS[:
 HWCAP_DIRS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "xeon_phi", "i686", "i586",
               "sse2", "avx512_1", "aarch64", "power8", "power9", "power10")  # fmt: skip
 SCAN_LIMIT = 200_000  # directory entries looked at, at most (the deadline covers more)
+CONF_BYTES = 16 << 20  # configuration files read in all, at most (an image's: a few KiB)
 MAX_CACHE_BYTES = 64 << 20
 LDCONFIG_ENV = {"LC_ALL": "C"}
 LDCONFIG_TIMEOUT = 20.0  # a backstop: what could block it was refused beforehand
@@ -267,6 +273,7 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         return fields
     fields["unreachable"] = len(missing)
     confs = refuse_special_confs(root)
+    refuse_special_caches(root)
     refuse_special_libraries(root, [*folders, *conf_dirs(root, confs), *TRUSTED_DIRS])
     text = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
     try:
@@ -284,38 +291,90 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
 def refuse_special_confs(root: RootFS) -> list[str]:
     """Raise NvshimError when a file the host ldconfig will open as configuration in the
     root is not a regular file (a FIFO would block it until its timeout, holding the
-    caller and a daemon worker meanwhile): ``/etc/ld.so.conf``, the entries of
-    ``/etc/ld.so.conf.d`` (nvshim's include) and, a few levels deep, what ``include``
-    lines name. Looked at through ``RootFS.stat``, which never blocks. Returns the
-    configuration files found (regular files)."""
+    caller and a daemon worker meanwhile), or includes itself (ldconfig follows the
+    cycle until its deadline; looked at through one include after another, the files
+    grew as N^4), or whose include lines name more than ``SCAN_LIMIT`` files in all
+    (each one looked at: 1,000 files each including 1,000 others took 10 s), or that
+    pass ``CONF_BYTES`` in all (each line parsed: 28 MB naming 2.7 million directories
+    took 35 s; a file over 1 MiB was not parsed at all, though ldconfig reads it):
+    ``/etc/ld.so.conf``, the entries of ``/etc/ld.so.conf.d`` (nvshim's include) and what
+    ``include`` lines name, at any depth, each file once. Looked at through
+    ``RootFS.stat``, which never blocks. Returns the configuration files found (regular
+    files)."""
     found = []
     ours = [n for n in root.listdir(CONF_DIR) or () if n.endswith(".conf")]
-    todo = [(CONF, 0)] + [(f"{CONF_DIR}/{n}", 1) for n in ours]
+    todo: list[tuple[str, tuple[int, int] | None]]
+    todo = [(f"{CONF_DIR}/{n}", None) for n in sorted(ours, reverse=True)]
+    todo.append((CONF, None))
+    open_, done = set(), set()  # files whose includes are being looked at, and were
+    budget, size = SCAN_LIMIT, 0
     while todo:
-        path, depth = todo.pop()
+        path, leaving = todo.pop()
+        if leaving is not None:
+            open_.discard(leaving)
+            done.add(leaving)
+            continue
         try:
-            mode = root.stat(path).st_mode
+            st = root.stat(path)
         except OSError:
             continue  # absent or unreachable: ldconfig finds nothing there either
-        if stat.S_ISDIR(mode):
+        if stat.S_ISDIR(st.st_mode):
             continue  # ldconfig reads no directory as configuration
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path)
+        key = (st.st_dev, st.st_ino)
+        if key in open_:
             raise NvshimError(
-                f"{path} in the container root: not a regular file, ld cache not updated"
+                f"{path} in the container root: includes itself, ld cache not updated"
+            )
+        if key in done:
+            continue
+        size += st.st_size
+        if size > CONF_BYTES:
+            raise NvshimError(
+                f"{path} in the container root: the ld.so configuration passes "
+                f"{CONF_BYTES >> 20} MiB, ld cache not updated"
             )
         found.append(path)
-        if depth < INCLUDE_DEPTH:
-            todo += [(name, depth + 1) for name in _included(root, path)]
+        open_.add(key)
+        todo.append((path, key))
+        names, cost = _included(root, path, budget)
+        budget -= cost
+        if budget < 0:
+            raise NvshimError(
+                f"{CONF} in the container root: its include lines name more than "
+                f"{SCAN_LIMIT} files, ld cache not updated"
+            )
+        todo += [(name, None) for name in reversed(names)]
     return found
+
+
+def refuse_special_caches(root: RootFS) -> None:
+    """Raise NvshimError when a file of ``CACHE_FILES`` in the root (as ldconfig reaches
+    it) is neither a regular file nor a directory. Looked at through ``RootFS.stat``."""
+    for path in CACHE_FILES:
+        try:
+            mode = root.stat(path).st_mode
+        except (OSError, RootPathError):
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise _not_regular(path)
+
+
+def _not_regular(path: str) -> NvshimError:
+    return NvshimError(f"{path} in the container root: not a regular file, ld cache not updated")
 
 
 def conf_dirs(root: RootFS, confs: list[str]) -> list[str]:
     """The directories configuration files ``confs`` name (the lines that are not an
-    ``include``; a legacy ``=TYPE`` suffix dropped), as ldconfig reads them."""
-    dirs = []
+    ``include``; a legacy ``=TYPE`` suffix dropped), as ldconfig reads them; the first
+    ``SCAN_LIMIT`` (the prescan looks at no more)."""
+    dirs: list[str] = []
     for path in confs:
+        if len(dirs) >= SCAN_LIMIT:
+            return dirs[:SCAN_LIMIT]
         try:
-            text = root.read(path, 1 << 20) or b""
+            text = root.read(path, CONF_BYTES) or b""
         except (OSError, RootPathError):
             continue
         for line in text.decode("utf-8", "replace").splitlines():
@@ -334,15 +393,17 @@ def _library_name(name: str) -> bool:
 def refuse_special_libraries(root: RootFS, dirs: list[str]) -> None:
     """Raise NvshimError when an entry the host ldconfig would open in one of ``dirs``
     (a library name, followed through symlinks inside the root as ldconfig follows
-    them chrooted; the hwcap subdirectories it descends into) is neither a regular file
-    nor a directory: a FIFO there blocks it. Looked at through ``RootFS.stat``
+    them chrooted; the hwcap subdirectories it descends into, at any depth) is neither a
+    regular file nor a directory: a FIFO there blocks it. Looked at through ``RootFS.stat``
     (``O_PATH``), which never blocks; a missing target is ldconfig's warning, not an
-    error. Past ``SCAN_LIMIT`` entries the rest is left to ``LDCONFIG_TIMEOUT``."""
+    error. Past ``SCAN_LIMIT`` directories and entries the rest is left to
+    ``LDCONFIG_TIMEOUT`` (2.7 million directories that are not there took 35 s)."""
     seen: set[tuple[int, int]] = set()
-    todo = [(d, 0) for d in dict.fromkeys(dirs)]
+    todo = list(dict.fromkeys(dirs))
     budget = SCAN_LIMIT
     while todo and budget > 0:
-        folder, depth = todo.pop()
+        folder = todo.pop()
+        budget -= 1
         try:
             st = root.stat(folder)
         except (OSError, RootPathError):
@@ -363,38 +424,40 @@ def refuse_special_libraries(root: RootFS, dirs: list[str]) -> None:
             except (OSError, RootPathError):
                 continue
             if stat.S_ISDIR(mode):
-                if sub and depth < 2:
-                    todo.append((path, depth + 1))
+                if sub:
+                    todo.append(path)
             elif not stat.S_ISREG(mode):
-                raise NvshimError(
-                    f"{path} in the container root: not a regular file, ld cache not updated"
-                )
+                raise _not_regular(path)
 
 
-def _included(root: RootFS, path: str) -> list[str]:
+def _included(root: RootFS, path: str, limit: int) -> tuple[list[str], int]:
     """The files the ``include`` lines of configuration file ``path`` may name (for a
     glob in the last component every entry of its folder; relative patterns from
-    ``path``'s directory, as ldconfig reads them)."""
+    ``path``'s directory, as ldconfig reads them), and what finding them cost (patterns
+    and entries): once that passes ``limit``, what was found so far."""
     try:
-        text = root.read(path, 1 << 20) or b""
+        text = root.read(path, CONF_BYTES) or b""
     except (OSError, RootPathError):
-        return []
-    found = []
+        return [], 0
+    found, cost = [], 0
     for line in text.decode("utf-8", "replace").splitlines():
         words = line.split("#", 1)[0].split()
         if len(words) < 2 or words[0] != "include":
             continue
         for pattern in words[1:]:
+            cost += 1
+            if cost + len(found) > limit:
+                return found, cost + len(found)
             pattern = posixpath.join(posixpath.dirname(path), pattern)
             folder, name = posixpath.split(pattern)
             if not any(c in name for c in "*?["):
                 found.append(pattern)
                 continue
             # every entry a glob could match (no fnmatch: it imports re on a GPU create)
-            for entry in root.listdir(folder) or ():
+            for entry in sorted(root.listdir(folder) or ()):
                 if not entry.startswith("."):
                     found.append(posixpath.join(folder, entry))
-    return found
+    return found, cost + len(found)
 
 
 def run_ldconfig(root: RootFS, ldconfig_fd: int, folders: list[str]) -> None:
@@ -436,8 +499,9 @@ def _seal_and_spawn(
     copy of its mount namespace with every procfs under the root detached (no magic link
     such as ``/proc/1/root`` can lead out); the detached tmpfs ``copy`` holding the host
     ldconfig (``ldconfig_copy``) as this thread's root; ldconfig spawned from there with
-    an almost empty environment, in the root (checked to be ``root_id``) as its working
-    directory, into which its ``-r .`` chroots first; its pid."""
+    an almost empty environment, in the root (checked to be ``root_id``; bound onto
+    itself, ``nodev`` with every mount below) as its working directory, into which its
+    ``-r .`` chroots first; its pid."""
     kernel.unshare(kernel.CLONE_FILES | kernel.CLONE_FS)  # fds, root and cwd: this thread's
     # what the caller opens meanwhile is not in this table; what is here is closed when
     # the thread exits, and on exec (the fd scan below only on kernels before 5.11)
@@ -452,11 +516,13 @@ def _seal_and_spawn(
         kernel.unshare(kernel.CLONE_NEWNS)  # a copy of the caller's (setns would reset root)
         kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
         _detach_procfs(root_path)
+        kernel.mount(root_path, root_path, None, kernel.MS_BIND | kernel.MS_REC)  # for _nodev
         top = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         fds.append(top)
         st = os.fstat(top)
         if (st.st_dev, st.st_ino) != root_id:
             raise OSError(errno.ESTALE, "container root changed", root_path)
+        _nodev(top)
         os.fchdir(copy)
         os.chroot(".")  # "/ldconfig" is the copy; nothing of the root can be executed
         os.fchdir(top)  # ldconfig -r . chroots into its working directory: the root
@@ -465,6 +531,19 @@ def _seal_and_spawn(
     finally:
         for fd in (*fds, *stdio):  # this table's copies (the caller closes its own)
             os.close(fd)
+
+
+def _nodev(top: int) -> None:
+    """Make the mount at the root ``top`` (the root bound onto itself in this thread's
+    private mount namespace) and every mount below it ``nodev``: no device node in the
+    root can be opened (one the prescan did not see, past its limit or put there after
+    it: ldconfig wrote the ld cache into a host disk through one). Before Linux 5.12 (no
+    ``mount_setattr``), left as they are."""
+    try:
+        kernel.mount_setattr(top, kernel.MOUNT_ATTR_NODEV, recursive=True)
+    except OSError as err:
+        if err.errno != errno.ENOSYS:
+            raise
 
 
 def _detach_procfs(root_path: str) -> None:

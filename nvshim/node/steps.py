@@ -125,20 +125,42 @@ def settle_files(s: NodeSettings, say: Say, wait: float = 10.0) -> None:
         time.sleep(0.2)
 
 
+TREE_DEPTH = 64  # directory levels _remove_tree goes down (deeper ones stay)
+
+
 def _remove_tree(top: str) -> None:
-    """Remove ``top`` and what it holds, never crossing into a mount point (an MPS
-    daemon's ``/dev/shm`` that failed to unmount stays, with the directories above it)."""
-    walked = []
-    for path, dirs, files in os.walk(top):
-        links = [d for d in dirs if os.path.islink(os.path.join(path, d))]
-        dirs[:] = [d for d in dirs if d not in links and not os.path.ismount(os.path.join(path, d))]
-        walked.append((path, files + links))
-    for path, names in reversed(walked):
-        for name in names:
+    """Remove ``top`` and what it holds through directory fds, never following a symlink
+    nor resolving a path below ``top`` again (a container writes in its MPS pipe
+    directory: a directory there swapped for a symlink to a host directory had that
+    directory's files removed), never crossing into a mount point (an MPS daemon's
+    ``/dev/shm`` that failed to unmount stays, with the directories above it)."""
+    parent = os.open(os.path.dirname(top), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _remove_at(parent, os.path.basename(top), TREE_DEPTH)
+    finally:
+        os.close(parent)
+
+
+def _remove_at(dir_fd: int, name: str, depth: int) -> None:
+    """Remove ``name`` in directory ``dir_fd``: a directory on the same file system with
+    what it holds (``depth`` levels), anything else (a symlink too) by unlinking it."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno in (errno.ENOTDIR, errno.ELOOP):
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(path, name))
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
+                os.unlink(name, dir_fd=dir_fd)
+        return
+    try:
+        if depth <= 0 or os.fstat(fd).st_dev != os.fstat(dir_fd).st_dev:
+            return  # a mount point, or too deep: kept
+        for entry in os.listdir(fd):
+            _remove_at(fd, entry, depth - 1)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=dir_fd)  # a symlink swapped in meanwhile: ENOTDIR, kept
 
 
 def clean_run_dirs(s: NodeSettings, say: Say) -> None:

@@ -173,15 +173,15 @@ def move_mount(from_fd: int, to_fd: int) -> None:
     _check(result, "move_mount")
 
 
-def mount_setattr(fd: int, attr_set: int, attr_clr: int = 0) -> None:
+def mount_setattr(fd: int, attr_set: int, attr_clr: int = 0, recursive: bool = False) -> None:
     """Set (``attr_set``) and clear (``attr_clr``) MOUNT_ATTR_* flags on the mount whose
-    root ``fd`` refers to (kernel 5.12+)."""
+    root ``fd`` refers to (with ``recursive``, and on every mount below it; kernel 5.12+)."""
     attr = _MountAttr(attr_set, attr_clr, 0, 0)
     result = _syscall(
         SYS_MOUNT_SETATTR,
         ctypes.c_int(fd),
         _path(""),
-        ctypes.c_uint(AT_EMPTY_PATH),
+        ctypes.c_uint(AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)),
         ctypes.byref(attr),
         ctypes.c_size_t(ctypes.sizeof(attr)),
     )

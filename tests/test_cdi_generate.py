@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 
 import pytest
 import yaml
@@ -223,6 +224,70 @@ def test_a_bad_cdi_name_option_is_named_and_nothing_is_written(
         f"nvshim: error: {flag} \"{value}\": {why}; try 'nvshim cdi generate --help'\n"
     )
     assert out.read_text() == "old\n" and os.listdir(tmp_path) == ["spec.yaml"]
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["-o", ""], "-o/--output: empty path"),  # not stdout in disguise
+        (["--driver-root", ""], "--driver-root: empty path"),  # not the config's
+        (["--dev-root", ""], "--dev-root: empty path"),
+        (["--capabilities", ""], "--capabilities: empty; name capabilities or all"),
+    ],
+)
+def test_an_empty_option_value_is_a_usage_error(sim_hosts, tmp_path, args, line):
+    sim = sim_hosts("single")
+    roots = {"--driver-root": sim.driver_root, "--dev-root": sim.dev_root}
+    roots.update([args])  # one option each: it replaces a root or comes last
+    proc = run_nvshim("cdi", "generate", *[w for kv in roots.items() for w in kv])
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"nvshim: error: {line}; try 'nvshim cdi generate --help'\n"
+
+
+# -o's target, made in a private mount namespace (OUT: the output; a read-only bind
+# mount of an empty directory, or a full 16 KiB tmpfs, at MNT)
+UNWRITABLE = {
+    "a directory": ("", "spec.yaml", "Is a directory"),
+    "a read-only file system": (
+        "mount --bind -o ro $EMPTY $MNT",
+        "spec.yaml",
+        "Read-only file system",
+    ),
+    "a full file system": (
+        "mount -t tmpfs -o size=16k tmpfs $MNT && dd if=/dev/zero of=$MNT/fill bs=4k count=4",
+        "new/dir/spec.yaml",
+        "No space left on device",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNWRITABLE)
+def test_an_output_that_cannot_be_written_is_named(sim_hosts, tmp_path, case):
+    """The line names -o's path (not the temporary file beside it); no temporary file or
+    directory made for it is left."""
+    from tests.conftest import NVSHIM
+
+    setup, name, why = UNWRITABLE[case]
+    sim = sim_hosts("single")
+    mnt, empty = tmp_path / "mnt", tmp_path / "empty"
+    mnt.mkdir()
+    empty.mkdir()
+    out = mnt / name
+    if case == "a directory":
+        out.mkdir()
+    script = (
+        f"{setup or 'true'} 2>/dev/null && {NVSHIM} cdi generate --driver-root {sim.driver_root}"
+        f" --dev-root {sim.dev_root} -o {out}; echo rc=$?; ls -A $MNT"
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NVSHIM_CONFIG": os.devnull, "MNT": str(mnt), "EMPTY": str(empty)},
+    )
+    assert proc.stderr == f"nvshim: error: {out}: {why}\n"
+    left = {"a directory": ["spec.yaml"], "a full file system": ["fill"]}.get(case, [])
+    assert proc.stdout.split() == ["rc=1", *left]
 
 
 def test_output_replaced_atomically(sim_hosts, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -428,3 +429,62 @@ def test_make_dirs_tolerates_a_directory_created_meanwhile(tmp_path, monkeypatch
     monkeypatch.setattr(common.os, "mkdir", racing_mkdir)
     assert common.make_dirs(str(target)) == [str(target)]
     assert target.is_dir()
+
+
+# In a private mount namespace: a 64 KiB tmpfs holding the config, filled up to FREE KiB
+# free, then the installed `nvshim configure`; prints its status and what the tmpfs holds.
+FULL_FS = r"""
+set -e
+mount -t tmpfs -o size=64k tmpfs "$DIR"
+cp "$SRC" "$DIR/config.toml"
+chmod 640 "$DIR/config.toml"
+chown 1234:5678 "$DIR/config.toml"
+used=$(df -k --output=used "$DIR" | tail -1)
+dd if=/dev/zero of="$DIR/fill" bs=1k count=$((64 - used - FREE)) 2>/dev/null
+set +e
+"$NVSHIM" configure --engine containerd --engine-config "$DIR/config.toml"
+echo "rc=$?"
+echo $(ls -A "$DIR")
+stat -c '%a %u %g' "$DIR/config.toml"
+sha256sum < "$DIR/config.toml"
+"""
+
+
+@pytest.mark.parametrize(
+    "free_kib, failed",
+    [
+        (4, "config.toml.nvshim.bak"),  # V16 is two pages: no room for the backup
+        (8, "config.toml.nvshim.state"),  # room for the backup, not for the record
+        (12, "config.toml"),  # room for the backup and record, not for the new file
+    ],
+)
+def test_a_full_file_system_leaves_the_config_and_no_backup_or_record(tmp_path, free_kib, failed):
+    """ENOSPC part way: one line naming the file that could not be written, exit 1, and
+    the config's bytes, mode and owner as they were, with no backup, record, lock or
+    temporary file left beside it."""
+    from tests.conftest import NVSHIM
+
+    src = tmp_path / "src.toml"
+    src.write_text(V16)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = {
+        **os.environ,
+        "DIR": str(mnt),
+        "SRC": str(src),
+        "FREE": str(free_kib),
+        "NVSHIM": NVSHIM,
+        "NVSHIM_CONFIG": os.devnull,
+    }
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", FULL_FS],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.stderr == f"nvshim: error: {mnt}/{failed}: No space left on device\n"
+    rc, listing, owner, digest = done.stdout.splitlines()
+    assert rc == "rc=1"
+    assert listing.split() == ["config.toml", "fill"]
+    assert owner == "640 1234 5678"
+    assert digest.split()[0] == hashlib.sha256(V16.encode()).hexdigest()

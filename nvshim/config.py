@@ -26,19 +26,24 @@ DEFAULT_PATH = DEFAULT_CONFIG
 DEFAULT_INVENTORY_DIR = "/run/nvshim"
 PAIRING_SOURCES = ("annotation", "env")
 _TYPES = {"str": str, "int": int, "bool": bool, "list[str]": list}
+MAX_LOG_BACKUPS = 1000  # each rotation renames every backup: a bound on that work
+INT64 = (-(2**63), 2**63 - 1)  # a TOML integer (tomllib reads any size)
 
 
 class Key:
     """What a key's value must be besides its type (``key`` makes one)."""
 
-    __slots__ = ("choices", "each", "fold", "check", "minimum", "aliases")
+    __slots__ = ("choices", "each", "fold", "check", "minimum", "maximum", "aliases")
 
-    def __init__(self, choices=(), each=(), fold=False, check=None, minimum=None, aliases=()):
+    def __init__(
+        self, choices=(), each=(), fold=False, check=None, minimum=None, maximum=None, aliases=()
+    ):
         self.choices = choices  # the value is one of these
         self.each = each  # every entry of a list is one of these
         self.fold = fold  # compared in upper case (and kept so)
         self.check = check  # value (or each entry) -> what is wrong with it, or None
-        self.minimum = minimum
+        self.minimum = minimum  # the least value (of a list: the fewest entries)
+        self.maximum = maximum
         self.aliases = aliases  # older names of the key, still read with a warning
 
 
@@ -47,6 +52,24 @@ def key(default, **rules):
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: list(default), metadata=Key(**rules))
     return field(default=default, metadata=Key(**rules))
+
+
+def _absolute(value: str) -> str | None:
+    """A path key: absolute (the runtime and hook run in a bundle's directory, the
+    installer in a pod: a relative path would mean a different file to each)."""
+    return None if value.startswith("/") else "is not an absolute path"
+
+
+def _program(value: str) -> str | None:
+    """A ``[runtime] runtimes`` entry: a name looked up on PATH, or an absolute path."""
+    if value and (value.startswith("/") or "/" not in value):
+        return None
+    return "is not a program name or an absolute path"
+
+
+def _absolute_or_empty(value: str) -> str | None:
+    """``[sharing] config``: an absolute path, or empty for none."""
+    return _absolute(value) if value else None
 
 
 def _nic_pattern(value: str) -> str | None:
@@ -95,23 +118,23 @@ def _cdi_name(part: str):
 class HostConfig:
     """``[host]``: where the driver's files and the device nodes are."""
 
-    driver_root: str = "/"  # /run/nvidia/driver for a containerized driver
-    dev_root: str = "/"  # root of /dev, /proc and /sys
+    driver_root: str = key("/", check=_absolute)  # /run/nvidia/driver: a containerized driver
+    dev_root: str = key("/", check=_absolute)  # root of /dev, /proc and /sys
 
 
 @record(frozen=True)
 class RuntimeConfig:
     """``[runtime]``: nvshim-runtime's low-level runtimes, log, hook and inventory directory."""
 
-    runtimes: list[str] = key(DEFAULT_RUNTIMES)
-    log_file: str = "/var/log/nvshim.log"
+    runtimes: list[str] = key(DEFAULT_RUNTIMES, check=_program, minimum=1)
+    log_file: str = key("/var/log/nvshim.log", check=_absolute)
     log_format: str = key("text", choices=("text", "json"))
     log_level: str = key("info", choices=("debug", "info", "warning", "error"))
     log_max_size: int = key(10 * 1024 * 1024, minimum=0)
-    log_backups: int = key(3, minimum=0)
+    log_backups: int = key(3, minimum=0, maximum=MAX_LOG_BACKUPS)
     log_target: str = key("file", choices=("file", "journald"))
-    hook_path: str = "/usr/bin/nvshim-hook"
-    inventory_dir: str = key(DEFAULT_INVENTORY_DIR, aliases=("state-dir",))
+    hook_path: str = key("/usr/bin/nvshim-hook", check=_absolute)
+    inventory_dir: str = key(DEFAULT_INVENTORY_DIR, check=_absolute, aliases=("state-dir",))
 
 
 @record(frozen=True)
@@ -123,7 +146,7 @@ class PolicyConfig:
     accept_volume_mounts: bool = True
     cdi_annotation_prefixes: list[str] = key(["cdi.k8s.io/"])
     # where CDI names of other vendors are looked up (nvshim.policy.cdinames)
-    cdi_spec_dirs: list[str] = key(["/etc/cdi", "/var/run/cdi"])
+    cdi_spec_dirs: list[str] = key(["/etc/cdi", "/var/run/cdi"], check=_absolute)
     default_capabilities: str = key("utility,compute", check=_capabilities)
     cdi_vendor: str = key("nvidia.com", check=_cdi_name("vendor"))
     cdi_class: str = key("gpu", check=_cdi_name("class"))
@@ -133,11 +156,11 @@ class PolicyConfig:
 class SharingConfig:
     """``[sharing]``: the device plugin's sharing config and the MPS daemons."""
 
-    config: str = "/etc/nvshim/sharing.yaml"
+    config: str = key("/etc/nvshim/sharing.yaml", check=_absolute_or_empty)
     config_name: str = ""
     config_default: str = ""
     mig_strategy: str = key("", choices=("", "none", "single", "mixed"))
-    mps_root: str = "/run/nvshim/mps"
+    mps_root: str = key("/run/nvshim/mps", check=_absolute)
     on_daemon_down: str = key("fail", choices=("fail", "warn"))
 
 
@@ -297,14 +320,20 @@ def _checked(value, annotation: str, rules: Key | None, where: str):
         raise NvshimError(f"{where} must be {article} {want.__name__}, got {value!r}")
     if want is list and not all(isinstance(v, str) for v in value):
         raise NvshimError(f"{where} must be a list of strings")
+    if want is int and not INT64[0] <= value <= INT64[1]:
+        raise NvshimError(f"{where} must be a 64-bit integer, got {value!r}")
     if rules is None:
         return value
     if rules.fold:
         value = value.strip().upper()
     if rules.choices:
         _one_of(value, rules.choices, where)
-    if rules.minimum is not None and value < rules.minimum:
+    if want is list and rules.minimum is not None and len(value) < rules.minimum:
+        raise NvshimError(f"{where} must list at least {rules.minimum} (got {value!r})")
+    if want is int and rules.minimum is not None and value < rules.minimum:
         raise NvshimError(f"{where} must be at least {rules.minimum}, got {value!r}")
+    if rules.maximum is not None and value > rules.maximum:
+        raise NvshimError(f"{where} must be at most {rules.maximum}, got {value!r}")
     for entry in value if want is list else [value]:
         if rules.each:
             _one_of(entry, rules.each, f"{where} entry")

@@ -52,6 +52,31 @@ def one_error_line(err: str) -> str:
             " found a string",
         ),
         ("version = 4\n", ":1:", "config version 4 is not supported"),
+        # the keys read to copy the default runtime: containerd would refuse these too
+        (
+            'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+            "  default_runtime_name = 5\n",
+            ":3:",
+            "containerd.default_runtime_name must be a string, found an integer",
+        ),
+        (
+            'version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]\n'
+            '  runtime_type = "io.containerd.runc.v2"\n  options = "SystemdCgroup"\n',
+            ":4:",
+            "containerd.runtimes.runc.options must be a table, found a string",
+        ),
+        (
+            'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes]\n'
+            '  runc = "io.containerd.runc.v2"\n',
+            ":3:",
+            "containerd.runtimes.runc must be a table, found a string",
+        ),
+        ('version = 2\nimports = "/etc/containerd/conf.d/*.toml"\n', ":2:", "imports must be an"),
+        (
+            'version = 2\nimports = ["/etc/containerd/conf.d/*.toml", 3]\n',
+            ":2:",
+            "imports must be an array of strings, found an entry that is an integer",
+        ),
         ('version = "2"\n', ":1:", "version must be an integer"),
     ],
 )

@@ -116,6 +116,28 @@ def test_bad_daemon_json_is_one_line_and_changes_nothing(tmp_path, capsys, text,
     assert tree(tmp_path) == {"daemon.json": text.encode()}
 
 
+@pytest.mark.parametrize(
+    "text, where, words",
+    [
+        ("[crio.runtime]\ndefault_runtime = 5\n", ":2:", "default_runtime must be a string"),
+        (
+            '[crio.runtime.runtimes]\ncrun = "/usr/bin/crun"\n',
+            ":2:",
+            "crio.runtime.runtimes.crun must be a table, found a string",
+        ),
+    ],
+)
+def test_bad_crio_config_is_one_line_and_changes_nothing(tmp_path, capsys, text, where, words):
+    """The keys read to copy CRI-O's default runtime, in crio.conf beside the drop-in."""
+    (tmp_path / "crio.conf").write_text(text)
+    drop_in = tmp_path / "crio.conf.d" / "99-nvshim.toml"
+    code, _, err = nvshim(capsys, "configure", "--engine", "crio", "--engine-config", str(drop_in))
+    line = one_error_line(err)
+    assert code == 1 and f"{tmp_path / 'crio.conf'}{where}" in line and words in line, line
+    assert tree(tmp_path) == {"crio.conf": text.encode()}
+    assert os.listdir(tmp_path) == ["crio.conf"]
+
+
 def test_cli_prints_one_line_without_traceback(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text("[plugins\n")
@@ -513,3 +535,28 @@ def test_a_full_file_system_leaves_the_config_and_no_backup_or_record(tmp_path, 
     assert listing.split() == ["config.toml", "fill"]
     assert owner == "640 1234 5678"
     assert digest.split()[0] == hashlib.sha256(V16.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "command, extra, code",
+    [
+        # fails after the lock: the restart asked for cannot happen
+        ("configure", ("--restart", "signal", "--socket", "/nonexistent.sock"), 1),
+        ("unconfigure", (), 0),  # nothing there to remove
+    ],
+)
+def test_a_run_that_writes_nothing_makes_no_directory(tmp_path, capsys, command, extra, code):
+    config = tmp_path / "etc" / "docker" / "daemon.json"
+    argv = ["--engine", "docker", "--engine-config", str(config), *extra]
+    assert nvshim(capsys, command, *argv)[0] == code
+    assert os.listdir(tmp_path) == []
+
+
+def test_unconfigure_removes_the_directories_configure_made(tmp_path, capsys):
+    config = tmp_path / "etc" / "docker" / "daemon.json"
+    argv = ["--engine", "docker", "--engine-config", str(config)]
+    assert nvshim(capsys, "configure", *argv)[0] == 0
+    assert load_state(str(config)).created_dirs == [str(tmp_path / "etc"), str(config.parent)]
+    code, out, _ = nvshim(capsys, "unconfigure", *argv)
+    assert code == 0 and "removed (nvshim made it)" in out
+    assert os.listdir(tmp_path) == []

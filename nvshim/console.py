@@ -29,11 +29,11 @@ def load_config_warn() -> Config:
 def roots(config: Config, driver_root: str | None, dev_root: str | None) -> tuple[str, str]:
     """``--driver-root`` and ``--dev-root``, the config's ``[host]`` roots where not given;
     an empty one is a usage error (not the config's in disguise)."""
-    from nvshim.errors import UsageError
+    from nvshim.errors import empty_path
 
     for name, value in (("--driver-root", driver_root), ("--dev-root", dev_root)):
         if value is not None and not value:
-            raise UsageError(f"{name}: empty path")
+            raise empty_path(f"'{name}'")
     return driver_root or config.host.driver_root, dev_root or config.host.dev_root
 
 

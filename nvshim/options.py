@@ -7,8 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import click
+from click.core import ParameterSource
 
 __all__ = ["Option", "option"]
+
+PATH_METAVARS = ("DIR", "FILE", "PATH")
+EMPTY_PATH = "empty path"  # what nvshim.errors.empty_path says, click's way
 
 
 class Option(click.Option):
@@ -45,6 +49,16 @@ class Option(click.Option):
         if default is not None:
             items.append(f"default: {default}")
         return f"[{'; '.join(items)}]" if items else ""
+
+    def process_value(self, ctx: click.Context, value):
+        """The value, refused when it is an empty path given on the command line (an
+        option whose metavar names a path: ``--cdi-dir ""`` is a mistake, not a default)."""
+        value = super().process_value(ctx, value)
+        given = ctx.get_parameter_source(self.name) == ParameterSource.COMMANDLINE
+        if given and self.metavar in PATH_METAVARS:
+            if any(v == "" for v in (value if self.multiple else (value,))):
+                raise click.BadParameter(EMPTY_PATH, ctx=ctx, param=self)
+        return value
 
     def get_error_hint(self, ctx: click.Context) -> str:
         return " / ".join(f"'{o}'" for o in self.opts if o not in self.hidden_opts)

@@ -229,9 +229,9 @@ def test_a_bad_cdi_name_option_is_named_and_nothing_is_written(
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["-o", ""], "-o/--output: empty path"),  # not stdout in disguise
-        (["--driver-root", ""], "--driver-root: empty path"),  # not the config's
-        (["--dev-root", ""], "--dev-root: empty path"),
+        (["-o", ""], "invalid value for '-o' / '--output': empty path"),  # not stdout
+        (["--driver-root", ""], "invalid value for '--driver-root': empty path"),  # nor config's
+        (["--dev-root", ""], "invalid value for '--dev-root': empty path"),
         (["--capabilities", ""], "--capabilities: empty; name capabilities or all"),
     ],
 )

@@ -8,7 +8,7 @@ import os
 import sys
 
 from nvshim.console import discover, warn
-from nvshim.errors import NvshimError, UsageError
+from nvshim.errors import NvshimError, UsageError, empty_path
 from nvshim.record import record
 
 
@@ -156,7 +156,7 @@ def remove_made(made: list[str]) -> None:
 def check_output(output: str | None) -> None:
     """``-o ""`` is a mistake, not stdout (leaving ``-o`` out is)."""
     if output is not None and not output:
-        raise UsageError("-o/--output: empty path")
+        raise empty_path("'-o' / '--output'")
 
 
 def generate(output, driver_root, dev_root, config, **options) -> None:

@@ -22,7 +22,8 @@ class Option(click.Option):
     only; the command's resolver reads them). ``default``: a real default, shown when
     ``show_default``; ``shown_default``: the words for a default resolved later (from the
     config, per engine). ``hidden_opts``: spellings that work but are not shown (another
-    tool's name for the option)."""
+    tool's name for the option). ``empty_ok``: an empty path given means something (its
+    help says what); else it is refused."""
 
     def __init__(
         self,
@@ -30,6 +31,7 @@ class Option(click.Option):
         env: str | Sequence[str] = (),
         shown_default: str | None = None,
         hidden_opts: Sequence[str] = (),
+        empty_ok: bool = False,
         **kwargs,
     ) -> None:
         self.show_default_value = bool(kwargs.pop("show_default", False))
@@ -37,6 +39,7 @@ class Option(click.Option):
         self.env_names = (env,) if isinstance(env, str) else tuple(env)
         self.shown_default = shown_default
         self.hidden_opts = tuple(hidden_opts)
+        self.empty_ok = empty_ok
 
     def help_extra(self) -> str:
         """The bracket after the description (empty when there is nothing to say)."""
@@ -55,7 +58,7 @@ class Option(click.Option):
         option whose metavar names a path: ``--cdi-dir ""`` is a mistake, not a default)."""
         value = super().process_value(ctx, value)
         given = ctx.get_parameter_source(self.name) == ParameterSource.COMMANDLINE
-        if given and self.metavar in PATH_METAVARS:
+        if given and self.metavar in PATH_METAVARS and not self.empty_ok:
             if any(v == "" for v in (value if self.multiple else (value,))):
                 raise click.BadParameter(EMPTY_PATH, ctx=ctx, param=self)
         return value

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import click
 from click.core import ParameterSource
 
-__all__ = ["Option", "option"]
+__all__ = ["Option", "above_zero", "option"]
 
 PATH_METAVARS = ("DIR", "FILE", "PATH")
 EMPTY_PATH = "empty path"  # what nvshim.errors.empty_path says, click's way
@@ -80,3 +80,10 @@ class Option(click.Option):
 def option(*decls: str, **kwargs) -> Callable[[Callable], Callable]:
     """``click.option`` with the help notation of :class:`Option`."""
     return click.option(*decls, cls=Option, **kwargs)
+
+
+def above_zero(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A click callback: a number of seconds above 0 (nan, which no wait honours, too)."""
+    if value is not None and not value > 0:
+        raise click.BadParameter(f"{value:g}: must be above 0", ctx=ctx, param=param)
+    return value

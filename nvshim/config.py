@@ -311,6 +311,15 @@ def _read_table(cls, section: str, table: dict, path: str, warnings: list[str]) 
     return values
 
 
+def check_value(section: str, key: str, value, where: str):
+    """``value`` for ``[section] key`` as the file's is checked (NvshimError naming
+    ``where``): for code that writes the config from other input (the node installer's
+    variables)."""
+    cls = SECTIONS[section]
+    spec = {toml_name(f.name): f for f in fields(cls)}[key]
+    return _checked(value, cls.__annotations__[spec.name], spec.metadata, where)
+
+
 def _checked(value, annotation: str, rules: Key | None, where: str):
     """``value`` if it has the field's type and passes its rules (NvshimError naming
     ``where`` otherwise), folded to upper case where the key says so."""

@@ -339,6 +339,11 @@ BAD = [
     ({"NVSHIM_SHARING_CONFIG": "{sharing}"}, "NVSHIM_SHARING_CONFIG="),
     ({"CREATE_DEVICE_NODES": "all"}, "CREATE_DEVICE_NODES='all'"),
     ({"RUNTIME_CONFIG_OVERRIDE": "{not json"}, "RUNTIME_CONFIG_OVERRIDE"),
+    # written into the host's config, where every container would then fail to load it
+    (
+        {"NVIDIA_CONTAINER_RUNTIME_RUNTIMES": "runc,bin/crun"},
+        "NVIDIA_CONTAINER_RUNTIME_RUNTIMES: 'bin/crun' is not a program name or an absolute",
+    ),
 ]
 
 

@@ -365,6 +365,39 @@ def test_bad_boolean_in_environment(tmp_path, capsys, monkeypatch):
     assert code == 2 and "CONTAINERD_SET_AS_DEFAULT='maybe'" in one_error_line(err)
 
 
+@pytest.mark.parametrize(
+    "extra, env, line",
+    [
+        # TOML has no null: this was an internal error (exit 70) while rendering the edit
+        (
+            ("--runtime-config-override", '{"SystemdCgroup": true, "Root": null}'),
+            {},
+            "--runtime-config-override: Root is null, which TOML cannot hold",
+        ),
+        (
+            ("--runtime-config-override", '{"a": {"b": [1, null]}}'),
+            {},
+            "--runtime-config-override: a.b.1 is null, which TOML cannot hold",
+        ),
+        # the variable is named (it read "containerd version 'garbage'")
+        (
+            (),
+            {"NVSHIM_CONTAINERD_VERSION": "garbage"},
+            "NVSHIM_CONTAINERD_VERSION='garbage': expected like 1.7.2",
+        ),
+    ],
+)
+def test_bad_setting_is_a_usage_error_naming_it(tmp_path, capsys, monkeypatch, extra, env, line):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = tmp_path / "config.toml"
+    config.write_text(V16)
+    code, _, err = nvshim(capsys, "configure", *ctd(config, *extra))
+    assert code == 2
+    assert one_error_line(err) == f"nvshim: error: {line}; try 'nvshim configure --help'"
+    assert tree(tmp_path) == {"config.toml": V16.encode()}
+
+
 def test_docker_features_map_is_merged_not_replaced(tmp_path, capsys):
     config = tmp_path / "daemon.json"
     config.write_text('{\n\t"features": {\n\t\t"buildkit": true\n\t}\n}\n')

@@ -315,6 +315,18 @@ def test_cdi_list(sim_hosts, tmp_path):
     ]
 
 
+def test_cdi_list_names_a_cdi_dir_that_does_not_exist(sim_hosts, tmp_path):
+    """A mistyped --cdi-dir was an empty list and exit 0, nothing said: now a warning
+    naming it (still exit 0: the directories that exist are listed)."""
+    sim = sim_hosts("single")
+    (tmp_path / "cdi").mkdir()
+    generate(sim, "-o", str(tmp_path / "cdi" / "nvidia.yaml"))
+    missing = tmp_path / "cid"
+    proc = run_nvshim("cdi", "list", "--cdi-dir", str(missing), "--cdi-dir", str(tmp_path / "cdi"))
+    assert proc.returncode == 0 and "nvidia.com/gpu=all" in proc.stdout.split()
+    assert proc.stderr == f"nvshim: warning: --cdi-dir {missing}: no such directory\n"
+
+
 def generate_for_podman(sim, spec, launchers: str, tmp_path) -> None:
     """Write the CDI spec ``spec`` whose hook entries name a config of ``tmp_path``'s own,
     so the hooks podman runs log and keep state under ``tmp_path``."""

@@ -150,7 +150,7 @@ def list_(spec_dirs, as_json: bool) -> None:
     """Print vendor/class=name of every device in the CDI spec directories."""
     from nvshim.cdi.registry import DEFAULT_SPEC_DIRS, list_devices
 
-    warnings: list[str] = []
+    warnings = [f"--cdi-dir {d}: no such directory" for d in spec_dirs if not os.path.lexists(d)]
     names = list_devices(spec_dirs or DEFAULT_SPEC_DIRS, warnings)
     for warning in warnings:
         click.echo(f"nvshim: warning: {warning}", err=True)

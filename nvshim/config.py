@@ -16,6 +16,7 @@ result is cached (``nvshim.filecache``, plain JSON) keyed by the file's exact te
 
 from __future__ import annotations
 
+import errno
 import os
 
 from nvshim.defaults import CAPABILITIES, DEFAULT_CONFIG, DEFAULT_RUNTIMES, PCIE_LEVELS
@@ -28,6 +29,7 @@ PAIRING_SOURCES = ("annotation", "env")
 _TYPES = {"str": str, "int": int, "bool": bool, "list[str]": list}
 MAX_LOG_BACKUPS = 1000  # each rotation renames every backup: a bound on that work
 INT64 = (-(2**63), 2**63 - 1)  # a TOML integer (tomllib reads any size)
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class Key:
@@ -221,8 +223,7 @@ def load_config(path: str | None = None) -> Config:
     explicit = path is not None or bool(os.environ.get("NVSHIM_CONFIG"))
     path = path or config_path()
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = _read(path)
     except FileNotFoundError:
         if explicit:
             raise NvshimError(f"{path}: configuration file not found") from None
@@ -251,6 +252,24 @@ def load_config(path: str | None = None) -> Config:
     tables = {name: _table(getattr(config, name)) for name in SECTIONS}
     filecache.store(cache, key, {"tables": tables, "warnings": config.warnings})
     return config
+
+
+def _read(path: str) -> bytes:
+    """The file's bytes: never waiting on a FIFO (a FIFO or socket is refused; a device
+    is read without blocking) nor reading without end (``/dev/zero``)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            raise NvshimError(f"{path}: not a regular file (a FIFO or socket)")
+        raw = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise NvshimError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not an nvshim config")
+    return raw
 
 
 def assemble(tables: dict, path: str | None, warnings: list[str]) -> Config:

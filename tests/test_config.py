@@ -120,6 +120,22 @@ def test_bad_config_one_line(tmp_path, text, needle):
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "make, line",
+    [
+        (lambda p: os.mkfifo(p), "{p}: not a regular file (a FIFO or socket)"),  # hung
+        (lambda p: p.symlink_to("/dev/zero"), "{p}: larger than 1 MiB, not an nvshim config"),
+    ],
+    ids=["fifo", "endless"],
+)
+def test_a_config_that_is_no_file_is_one_line_not_a_hang(tmp_path, make, line):
+    path = tmp_path / "config.toml"
+    make(path)
+    proc = run_nvshim("config", "show", env={"NVSHIM_CONFIG": str(path)}, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr == "nvshim: error: " + line.format(p=path) + "\n"
+
+
 def test_explicit_missing_file_is_an_error(tmp_path):
     proc = run_nvshim("config", "show", env={"NVSHIM_CONFIG": str(tmp_path / "nope.toml")})
     assert proc.returncode == 1 and "configuration file not found" in proc.stderr

@@ -11,13 +11,12 @@ from __future__ import annotations
 import functools
 import glob
 import os
-import re
 import subprocess
 
 from nvshim.engines import common
 from nvshim.engines.doc import MISSING, Document, Keys, dotted, type_name
 from nvshim.engines.records import Edit, recorded_before
-from nvshim.engines.settings import Settings
+from nvshim.engines.settings import Settings, parse_version
 from nvshim.engines.tomldoc import TomlDoc
 from nvshim.errors import InputFileError, UsageError
 from nvshim.record import replace
@@ -45,20 +44,6 @@ CRI_PLUGIN: dict[int, Keys] = {
 }
 DEEP_MERGE_IMPORTS = (2, 1)  # first containerd that merges imported files table by table
 FIRST_CDI = (1, 7)
-
-_VERSION_RE = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
-
-
-def parse_version(text: str) -> tuple[int, int, int] | None:
-    """``(major, minor, patch)`` from ``containerd --version`` output or a bare ``1.7.2``."""
-    words = text.split()
-    # "containerd github.com/containerd/containerd 1.6.20~ds1 <revision>": the third word
-    candidates = words[2:3] + words if len(words) >= 3 else words
-    for word in candidates:
-        match = _VERSION_RE.match(word)
-        if match:
-            return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
-    return None
 
 
 @functools.lru_cache(maxsize=8)

@@ -593,3 +593,31 @@ def test_unconfigure_removes_the_directories_configure_made(tmp_path, capsys):
     code, out, _ = nvshim(capsys, "unconfigure", *argv)
     assert code == 0 and "removed (nvshim made it)" in out
     assert os.listdir(tmp_path) == []
+
+
+def test_a_read_only_file_system_names_the_config(tmp_path):
+    """A config on a read-only mount: the line starts with the config's path (it named
+    only the lock file nvshim makes beside it) and the file stays as it was."""
+    from tests.conftest import NVSHIM
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    (src / "config.toml").write_text(V16)
+    config = mnt / "config.toml"
+    script = (
+        f"mount --bind -o ro {src} {mnt} && {NVSHIM} configure --engine containerd"
+        f" --engine-config {config}"
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NVSHIM_CONFIG": os.devnull},
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"nvshim: error: {config}: cannot create its lock {config}.nvshim.lock:"
+        " Read-only file system\n"
+    )
+    assert tree(src) == {"config.toml": V16.encode()}

@@ -92,7 +92,7 @@ def locked(path: str) -> Iterator[None]:
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise NvshimError(f"{lock}: is a symbolic link; refusing to lock") from None
-            raise NvshimError(f"{lock}: cannot create lock: {err.strerror}") from None
+            raise NvshimError(f"{path}: cannot create its lock {lock}: {err.strerror}") from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         # The holder before us may have removed the file: then lock the new one instead.
         try:

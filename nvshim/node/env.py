@@ -315,8 +315,11 @@ def _engine_settings(
     )
 
 
-def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = None) -> NodeSettings:
-    """Every setting of an installer run from ``options`` (``None``: not given) and ``env``."""
+def resolve_node(
+    options: Mapping[str, Any], env: Mapping[str, str] | None = None, acting: bool = False
+) -> NodeSettings:
+    """Every setting of an installer run from ``options`` (``None``: not given) and ``env``;
+    ``acting`` (install, run, uninstall: not ``show``): the host root must be a directory."""
     env = os.environ if env is None else env
     warnings: list[str] = []
     values: dict[str, Any] = {}
@@ -339,6 +342,8 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
     if engine not in ENGINES:
         raise UsageError(f"{src('engine')}={engine!r}: expected one of {', '.join(ENGINES)}")
     host_root = _path(src("host_root"), values.get("host_root") or DEFAULT_HOST_ROOT)
+    if acting and not os.path.isdir(host_root):  # else every host path is a wrong one
+        raise UsageError(f"{src('host_root')}={host_root!r}: not a directory")
     values["host_root"] = host_root
     paths = {}
     for setting, default in (

@@ -233,9 +233,12 @@ def test_a_bad_cdi_name_option_is_named_and_nothing_is_written(
         (["--driver-root", ""], "invalid value for '--driver-root': empty path"),  # nor config's
         (["--dev-root", ""], "invalid value for '--dev-root': empty path"),
         (["--capabilities", ""], "--capabilities: empty; name capabilities or all"),
+        (["--hook-path", ""], "invalid value for '--hook-path': empty path"),
+        # a spec naming it is refused by every runtime (cdi validate says so)
+        (["--hook-path", "bin/nvshim-hook"], "--hook-path 'bin/nvshim-hook': must be an absolute"),
     ],
 )
-def test_an_empty_option_value_is_a_usage_error(sim_hosts, tmp_path, args, line):
+def test_an_empty_or_relative_option_value_is_a_usage_error(sim_hosts, tmp_path, args, line):
     sim = sim_hosts("single")
     roots = {"--driver-root": sim.driver_root, "--dev-root": sim.dev_root}
     roots.update([args])  # one option each: it replaces a root or comes last

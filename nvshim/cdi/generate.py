@@ -55,6 +55,10 @@ class SpecRequest:
                 validate_class(cls, "--class")
         except ValueError as err:
             raise UsageError(str(err)) from None
+        if hook_path is not None and not hook_path:
+            raise empty_path("'--hook-path'")
+        if hook_path is not None and not os.path.isabs(hook_path):  # runtimes refuse the spec
+            raise UsageError(f"--hook-path {hook_path!r}: must be an absolute path")
         if capabilities is not None and not capabilities.strip():
             raise UsageError("--capabilities: empty; name capabilities or all")
         vendor = vendor or config.policy.cdi_vendor

@@ -235,7 +235,7 @@ def test_a_bad_cdi_name_option_is_named_and_nothing_is_written(
         (["--capabilities", ""], "--capabilities: empty; name capabilities or all"),
         (["--hook-path", ""], "invalid value for '--hook-path': empty path"),
         # a spec naming it is refused by every runtime (cdi validate says so)
-        (["--hook-path", "bin/nvshim-hook"], "--hook-path 'bin/nvshim-hook': must be an absolute"),
+        (["--hook-path", "bin/hook"], "--hook-path 'bin/hook': must be an absolute path"),
     ],
 )
 def test_an_empty_or_relative_option_value_is_a_usage_error(sim_hosts, tmp_path, args, line):

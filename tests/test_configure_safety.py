@@ -103,6 +103,13 @@ def test_bad_toml_is_one_line_naming_file_and_line_and_changes_nothing(
             "features must be an object, found a string",
         ),
         ("[1, 2]\n", ":1:", "must be a JSON object"),
+        # the keys nvshim sets: dockerd refuses these, an edit would have hidden it
+        ('{\n  "default-runtime": 5\n}\n', ":2:", "default-runtime must be a string"),
+        (
+            '{\n  "features": {\n    "cdi": "yes"\n  }\n}\n',
+            ":3:",
+            "features.cdi must be a boolean, found a string",
+        ),
     ],
 )
 def test_bad_daemon_json_is_one_line_and_changes_nothing(tmp_path, capsys, text, where, words):

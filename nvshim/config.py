@@ -16,6 +16,7 @@ result is cached (``nvshim.filecache``, plain JSON) keyed by the file's exact te
 
 from __future__ import annotations
 
+import errno
 import os
 
 from nvshim.defaults import CAPABILITIES, DEFAULT_CONFIG, DEFAULT_RUNTIMES, PCIE_LEVELS
@@ -26,19 +27,25 @@ DEFAULT_PATH = DEFAULT_CONFIG
 DEFAULT_INVENTORY_DIR = "/run/nvshim"
 PAIRING_SOURCES = ("annotation", "env")
 _TYPES = {"str": str, "int": int, "bool": bool, "list[str]": list}
+MAX_LOG_BACKUPS = 1000  # each rotation renames every backup: a bound on that work
+INT64 = (-(2**63), 2**63 - 1)  # a TOML integer (tomllib reads any size)
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class Key:
     """What a key's value must be besides its type (``key`` makes one)."""
 
-    __slots__ = ("choices", "each", "fold", "check", "minimum", "aliases")
+    __slots__ = ("choices", "each", "fold", "check", "minimum", "maximum", "aliases")
 
-    def __init__(self, choices=(), each=(), fold=False, check=None, minimum=None, aliases=()):
+    def __init__(
+        self, choices=(), each=(), fold=False, check=None, minimum=None, maximum=None, aliases=()
+    ):
         self.choices = choices  # the value is one of these
         self.each = each  # every entry of a list is one of these
         self.fold = fold  # compared in upper case (and kept so)
         self.check = check  # value (or each entry) -> what is wrong with it, or None
-        self.minimum = minimum
+        self.minimum = minimum  # the least value (of a list: the fewest entries)
+        self.maximum = maximum
         self.aliases = aliases  # older names of the key, still read with a warning
 
 
@@ -47,6 +54,24 @@ def key(default, **rules):
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: list(default), metadata=Key(**rules))
     return field(default=default, metadata=Key(**rules))
+
+
+def _absolute(value: str) -> str | None:
+    """A path key: absolute (the runtime and hook run in a bundle's directory, the
+    installer in a pod: a relative path would mean a different file to each)."""
+    return None if value.startswith("/") else "is not an absolute path"
+
+
+def _program(value: str) -> str | None:
+    """A ``[runtime] runtimes`` entry: a name looked up on PATH, or an absolute path."""
+    if value and (value.startswith("/") or "/" not in value):
+        return None
+    return "is not a program name or an absolute path"
+
+
+def _absolute_or_empty(value: str) -> str | None:
+    """``[sharing] config``: an absolute path, or empty for none."""
+    return _absolute(value) if value else None
 
 
 def _nic_pattern(value: str) -> str | None:
@@ -95,23 +120,23 @@ def _cdi_name(part: str):
 class HostConfig:
     """``[host]``: where the driver's files and the device nodes are."""
 
-    driver_root: str = "/"  # /run/nvidia/driver for a containerized driver
-    dev_root: str = "/"  # root of /dev, /proc and /sys
+    driver_root: str = key("/", check=_absolute)  # /run/nvidia/driver: a containerized driver
+    dev_root: str = key("/", check=_absolute)  # root of /dev, /proc and /sys
 
 
 @record(frozen=True)
 class RuntimeConfig:
     """``[runtime]``: nvshim-runtime's low-level runtimes, log, hook and inventory directory."""
 
-    runtimes: list[str] = key(DEFAULT_RUNTIMES)
-    log_file: str = "/var/log/nvshim.log"
+    runtimes: list[str] = key(DEFAULT_RUNTIMES, check=_program, minimum=1)
+    log_file: str = key("/var/log/nvshim.log", check=_absolute)
     log_format: str = key("text", choices=("text", "json"))
     log_level: str = key("info", choices=("debug", "info", "warning", "error"))
     log_max_size: int = key(10 * 1024 * 1024, minimum=0)
-    log_backups: int = key(3, minimum=0)
+    log_backups: int = key(3, minimum=0, maximum=MAX_LOG_BACKUPS)
     log_target: str = key("file", choices=("file", "journald"))
-    hook_path: str = "/usr/bin/nvshim-hook"
-    inventory_dir: str = key(DEFAULT_INVENTORY_DIR, aliases=("state-dir",))
+    hook_path: str = key("/usr/bin/nvshim-hook", check=_absolute)
+    inventory_dir: str = key(DEFAULT_INVENTORY_DIR, check=_absolute, aliases=("state-dir",))
 
 
 @record(frozen=True)
@@ -123,7 +148,7 @@ class PolicyConfig:
     accept_volume_mounts: bool = True
     cdi_annotation_prefixes: list[str] = key(["cdi.k8s.io/"])
     # where CDI names of other vendors are looked up (nvshim.policy.cdinames)
-    cdi_spec_dirs: list[str] = key(["/etc/cdi", "/var/run/cdi"])
+    cdi_spec_dirs: list[str] = key(["/etc/cdi", "/var/run/cdi"], check=_absolute)
     default_capabilities: str = key("utility,compute", check=_capabilities)
     cdi_vendor: str = key("nvidia.com", check=_cdi_name("vendor"))
     cdi_class: str = key("gpu", check=_cdi_name("class"))
@@ -133,11 +158,11 @@ class PolicyConfig:
 class SharingConfig:
     """``[sharing]``: the device plugin's sharing config and the MPS daemons."""
 
-    config: str = "/etc/nvshim/sharing.yaml"
+    config: str = key("/etc/nvshim/sharing.yaml", check=_absolute_or_empty)
     config_name: str = ""
     config_default: str = ""
     mig_strategy: str = key("", choices=("", "none", "single", "mixed"))
-    mps_root: str = "/run/nvshim/mps"
+    mps_root: str = key("/run/nvshim/mps", check=_absolute)
     on_daemon_down: str = key("fail", choices=("fail", "warn"))
 
 
@@ -198,8 +223,7 @@ def load_config(path: str | None = None) -> Config:
     explicit = path is not None or bool(os.environ.get("NVSHIM_CONFIG"))
     path = path or config_path()
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = _read(path)
     except FileNotFoundError:
         if explicit:
             raise NvshimError(f"{path}: configuration file not found") from None
@@ -228,6 +252,24 @@ def load_config(path: str | None = None) -> Config:
     tables = {name: _table(getattr(config, name)) for name in SECTIONS}
     filecache.store(cache, key, {"tables": tables, "warnings": config.warnings})
     return config
+
+
+def _read(path: str) -> bytes:
+    """The file's bytes: never waiting on a FIFO (a FIFO or socket is refused; a device
+    is read without blocking) nor reading without end (``/dev/zero``)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            raise NvshimError(f"{path}: not a regular file (a FIFO or socket)")
+        raw = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise NvshimError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not an nvshim config")
+    return raw
 
 
 def assemble(tables: dict, path: str | None, warnings: list[str]) -> Config:
@@ -288,6 +330,15 @@ def _read_table(cls, section: str, table: dict, path: str, warnings: list[str]) 
     return values
 
 
+def check_value(section: str, key: str, value, where: str):
+    """``value`` for ``[section] key`` as the file's is checked (NvshimError naming
+    ``where``): for code that writes the config from other input (the node installer's
+    variables)."""
+    cls = SECTIONS[section]
+    spec = {toml_name(f.name): f for f in fields(cls)}[key]
+    return _checked(value, cls.__annotations__[spec.name], spec.metadata, where)
+
+
 def _checked(value, annotation: str, rules: Key | None, where: str):
     """``value`` if it has the field's type and passes its rules (NvshimError naming
     ``where`` otherwise), folded to upper case where the key says so."""
@@ -297,14 +348,20 @@ def _checked(value, annotation: str, rules: Key | None, where: str):
         raise NvshimError(f"{where} must be {article} {want.__name__}, got {value!r}")
     if want is list and not all(isinstance(v, str) for v in value):
         raise NvshimError(f"{where} must be a list of strings")
+    if want is int and not INT64[0] <= value <= INT64[1]:
+        raise NvshimError(f"{where} must be a 64-bit integer, got {value!r}")
     if rules is None:
         return value
     if rules.fold:
         value = value.strip().upper()
     if rules.choices:
         _one_of(value, rules.choices, where)
-    if rules.minimum is not None and value < rules.minimum:
+    if want is list and rules.minimum is not None and len(value) < rules.minimum:
+        raise NvshimError(f"{where} must list at least {rules.minimum} (got {value!r})")
+    if want is int and rules.minimum is not None and value < rules.minimum:
         raise NvshimError(f"{where} must be at least {rules.minimum}, got {value!r}")
+    if rules.maximum is not None and value > rules.maximum:
+        raise NvshimError(f"{where} must be at most {rules.maximum}, got {value!r}")
     for entry in value if want is list else [value]:
         if rules.each:
             _one_of(entry, rules.each, f"{where} entry")

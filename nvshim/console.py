@@ -26,6 +26,17 @@ def load_config_warn() -> Config:
     return config
 
 
+def roots(config: Config, driver_root: str | None, dev_root: str | None) -> tuple[str, str]:
+    """``--driver-root`` and ``--dev-root``, the config's ``[host]`` roots where not given;
+    an empty one is a usage error (not the config's in disguise)."""
+    from nvshim.errors import empty_path
+
+    for name, value in (("--driver-root", driver_root), ("--dev-root", dev_root)):
+        if value is not None and not value:
+            raise empty_path(f"'{name}'")
+    return driver_root or config.host.driver_root, dev_root or config.host.dev_root
+
+
 def discover(driver_root: str, dev_root: str, quiet: bool = False) -> Host:
     """Discover the host (always fresh, no cache) and print its warnings unless quiet."""
     from nvshim.host.discover import discover_host

@@ -84,12 +84,11 @@ def run_generate(values: dict[str, object]) -> None:
     """``nvshim cdi generate`` with ``values``: the config's roots as defaults, as the
     click command's ``root_options`` apply them."""
     from nvshim.cdi.generate import generate
-    from nvshim.console import load_config_warn
+    from nvshim.console import load_config_warn, roots
 
     config = load_config_warn()
     options = dict(values)
-    driver_root = options.pop("driver_root") or config.host.driver_root
-    dev_root = options.pop("dev_root") or config.host.dev_root
+    driver_root, dev_root = roots(config, options.pop("driver_root"), options.pop("dev_root"))
     output = options.pop("output")
     generate(output, driver_root, dev_root, config, **options)
 

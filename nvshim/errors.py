@@ -38,6 +38,12 @@ class UsageError(NvshimError):
     help_command: str | None = None
 
 
+def empty_path(hint: str) -> UsageError:
+    """The error for an empty path given to option ``hint`` (``'--dev-root'``), worded as
+    click words it for the options it parses (nvshim.options)."""
+    return UsageError(f"invalid value for {hint}: empty path")
+
+
 class InputFileError(NvshimError):
     """An input file whose contents are not what they should be (exit 1, as every failure
     of the work: a bad file is not a usage error). The message starts with its path."""

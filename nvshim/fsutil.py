@@ -83,18 +83,37 @@ def atomic_write(
     existing original is copied to ``path + ".nvshim.bak"`` first; its path is returned.
     ``durable=False`` skips the fsyncs, for files that do not outlive a reboot (a
     bundle's ``config.json``, caches under ``/run``): the rename is still atomic.
+    A failed write leaves ``path`` as it was, and no temporary file or new backup; its
+    OSError names ``path`` (not the temporary file that could not be written).
     """
-    directory = os.path.dirname(os.path.abspath(path)) or "."
     try:
         st = os.stat(path)
     except FileNotFoundError:
         st = None
-    backup_path = None
-    if backup and st is not None:
-        import shutil
+    backup_path = path + ".nvshim.bak" if backup and st is not None else None
+    new_backup = backup_path is not None and not os.path.lexists(backup_path)
+    try:
+        if backup_path is not None:
+            import shutil
 
-        backup_path = path + ".nvshim.bak"
-        shutil.copy2(path, backup_path)
+            shutil.copy2(path, backup_path)
+        _replace(path, data, mode, st, keep_owner, durable)
+    except OSError as err:
+        if new_backup:
+            _unlink(backup_path)
+        if err.errno is None or err.filename == path:
+            raise
+        raise OSError(err.errno, err.strerror, path) from None
+    except BaseException:
+        if new_backup:
+            _unlink(backup_path)
+        raise
+    return backup_path
+
+
+def _replace(path: str, data: bytes, mode: int | None, st, keep_owner: bool, durable: bool):
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
+    directory = os.path.dirname(os.path.abspath(path)) or "."
     fd, tmp = _temp_file(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -115,10 +134,7 @@ def atomic_write(
                 os.fsync(fh.fileno())
         os.rename(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _unlink(tmp)
         raise
     if durable:
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -126,4 +142,10 @@ def atomic_write(
             os.fsync(dfd)
         finally:
             os.close(dfd)
-    return backup_path
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

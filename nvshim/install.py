@@ -34,6 +34,21 @@ def under(dest_root: str, path: str) -> str:
     return in_root(dest_root, path)
 
 
+def check_dirs(dest_root: str, dirs: dict[str, str | None]) -> None:
+    """Fail before anything is written when a destination directory (final paths, by
+    what they are) cannot be one: it, or the nearest of its parents that exists, is not a
+    directory (an install must not stop half done, launchers written but no hook file)."""
+    for what, final in dirs.items():
+        if not final:
+            continue
+        current = under(dest_root, final)
+        while not os.path.exists(current) and current != os.path.dirname(current):
+            current = os.path.dirname(current)
+        if not os.path.isdir(current):
+            shown = "" if current == under(dest_root, final) else f" ({current})"
+            raise NvshimError(f"{what} {final}: not a directory{shown}")
+
+
 def hook_file_text(hook_path: str) -> str:
     """The podman/CRI-O hooks.d entry running ``nvshim-hook prestart``."""
     entry = {
@@ -195,6 +210,7 @@ def install_host(
     source = source or bundle_root()
     if prefix is None and source:
         prefix = read_marker(source).get("prefix") or DEFAULT_PREFIX
+    check_dirs(dest_root, {"prefix": prefix, "bin dir": bin_dir, "hooks dir": hooks_dir})
     written: list[str] = []
     outside: list[str] = []
     if prefix is None:

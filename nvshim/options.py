@@ -7,8 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import click
+from click.core import ParameterSource
 
-__all__ = ["Option", "option"]
+__all__ = ["Option", "above_zero", "option"]
+
+PATH_METAVARS = ("DIR", "FILE", "PATH")
+EMPTY_PATH = "empty path"  # what nvshim.errors.empty_path says, click's way
 
 
 class Option(click.Option):
@@ -18,7 +22,8 @@ class Option(click.Option):
     only; the command's resolver reads them). ``default``: a real default, shown when
     ``show_default``; ``shown_default``: the words for a default resolved later (from the
     config, per engine). ``hidden_opts``: spellings that work but are not shown (another
-    tool's name for the option)."""
+    tool's name for the option). ``empty_ok``: an empty path given means something (its
+    help says what); else it is refused."""
 
     def __init__(
         self,
@@ -26,6 +31,7 @@ class Option(click.Option):
         env: str | Sequence[str] = (),
         shown_default: str | None = None,
         hidden_opts: Sequence[str] = (),
+        empty_ok: bool = False,
         **kwargs,
     ) -> None:
         self.show_default_value = bool(kwargs.pop("show_default", False))
@@ -33,6 +39,7 @@ class Option(click.Option):
         self.env_names = (env,) if isinstance(env, str) else tuple(env)
         self.shown_default = shown_default
         self.hidden_opts = tuple(hidden_opts)
+        self.empty_ok = empty_ok
 
     def help_extra(self) -> str:
         """The bracket after the description (empty when there is nothing to say)."""
@@ -45,6 +52,16 @@ class Option(click.Option):
         if default is not None:
             items.append(f"default: {default}")
         return f"[{'; '.join(items)}]" if items else ""
+
+    def process_value(self, ctx: click.Context, value):
+        """The value, refused when it is an empty path given on the command line (an
+        option whose metavar names a path: ``--cdi-dir ""`` is a mistake, not a default)."""
+        value = super().process_value(ctx, value)
+        given = ctx.get_parameter_source(self.name) == ParameterSource.COMMANDLINE
+        if given and self.metavar in PATH_METAVARS and not self.empty_ok:
+            if any(v == "" for v in (value if self.multiple else (value,))):
+                raise click.BadParameter(EMPTY_PATH, ctx=ctx, param=self)
+        return value
 
     def get_error_hint(self, ctx: click.Context) -> str:
         return " / ".join(f"'{o}'" for o in self.opts if o not in self.hidden_opts)
@@ -63,3 +80,10 @@ class Option(click.Option):
 def option(*decls: str, **kwargs) -> Callable[[Callable], Callable]:
     """``click.option`` with the help notation of :class:`Option`."""
     return click.option(*decls, cls=Option, **kwargs)
+
+
+def above_zero(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A click callback: a number of seconds above 0 (nan, which no wait honours, too)."""
+    if value is not None and not value > 0:
+        raise click.BadParameter(f"{value:g}: must be above 0", ctx=ctx, param=param)
+    return value

@@ -194,6 +194,33 @@ def test_bad_install_input_is_one_line_and_writes_nothing(bundle, tmp_path, args
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("source", ["bundle", "venv"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--hooks-dir", "/etc/nvshim"), "hooks dir /etc/nvshim: not a directory"),
+        (("--hooks-dir", "/etc/nvshim/hooks.d"), "hooks dir /etc/nvshim/hooks.d: not a directory"),
+        (("--bin-dir", "/etc/nvshim"), "bin dir /etc/nvshim: not a directory"),
+        (("--prefix", "/etc/nvshim/opt"), "prefix /etc/nvshim/opt: not a directory"),
+    ],
+)
+def test_a_destination_that_is_a_file_stops_the_install_before_any_write(
+    bundle, tmp_path, source, args, message
+):
+    """A destination below a file (a typo naming a file): one line naming it, and the
+    stage as it was (no launchers written before the hook file fails)."""
+    stage = tmp_path / "stage"
+    (stage / "etc").mkdir(parents=True)
+    (stage / "etc" / "nvshim").write_text("a file\n")
+    args = ("--root", str(stage), "--bin-dir", "/usr/bin", *args)
+    proc = bundle_install(bundle, *args) if source == "bundle" else run_nvshim("install", *args)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"nvshim: error: {message}"), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
+    assert [p.name for p in stage.iterdir()] == ["etc"]
+    assert [p.name for p in (stage / "etc").iterdir()] == ["nvshim"]
+
+
 def test_bundle_ships_no_test_only_modules(bundle):
     """CPython's test and obsolete extension modules stay out of the node's bundle."""
     shipped = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 
 import pytest
 import yaml
@@ -225,6 +226,73 @@ def test_a_bad_cdi_name_option_is_named_and_nothing_is_written(
     assert out.read_text() == "old\n" and os.listdir(tmp_path) == ["spec.yaml"]
 
 
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["-o", ""], "invalid value for '-o' / '--output': empty path"),  # not stdout
+        (["--driver-root", ""], "invalid value for '--driver-root': empty path"),  # nor config's
+        (["--dev-root", ""], "invalid value for '--dev-root': empty path"),
+        (["--capabilities", ""], "--capabilities: empty; name capabilities or all"),
+        (["--hook-path", ""], "invalid value for '--hook-path': empty path"),
+        # a spec naming it is refused by every runtime (cdi validate says so)
+        (["--hook-path", "bin/hook"], "--hook-path 'bin/hook': must be an absolute path"),
+    ],
+)
+def test_an_empty_or_relative_option_value_is_a_usage_error(sim_hosts, tmp_path, args, line):
+    sim = sim_hosts("single")
+    roots = {"--driver-root": sim.driver_root, "--dev-root": sim.dev_root}
+    roots.update([args])  # one option each: it replaces a root or comes last
+    proc = run_nvshim("cdi", "generate", *[w for kv in roots.items() for w in kv])
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"nvshim: error: {line}; try 'nvshim cdi generate --help'\n"
+
+
+# -o's target, made in a private mount namespace (OUT: the output; a read-only bind
+# mount of an empty directory, or a full 16 KiB tmpfs, at MNT)
+UNWRITABLE = {
+    "a directory": ("", "spec.yaml", "Is a directory"),
+    "a read-only file system": (
+        "mount --bind -o ro $EMPTY $MNT",
+        "spec.yaml",
+        "Read-only file system",
+    ),
+    "a full file system": (
+        "mount -t tmpfs -o size=16k tmpfs $MNT && dd if=/dev/zero of=$MNT/fill bs=4k count=4",
+        "new/dir/spec.yaml",
+        "No space left on device",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNWRITABLE)
+def test_an_output_that_cannot_be_written_is_named(sim_hosts, tmp_path, case):
+    """The line names -o's path (not the temporary file beside it); no temporary file or
+    directory made for it is left."""
+    from tests.conftest import NVSHIM
+
+    setup, name, why = UNWRITABLE[case]
+    sim = sim_hosts("single")
+    mnt, empty = tmp_path / "mnt", tmp_path / "empty"
+    mnt.mkdir()
+    empty.mkdir()
+    out = mnt / name
+    if case == "a directory":
+        out.mkdir()
+    script = (
+        f"{setup or 'true'} 2>/dev/null && {NVSHIM} cdi generate --driver-root {sim.driver_root}"
+        f" --dev-root {sim.dev_root} -o {out}; echo rc=$?; ls -A $MNT"
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NVSHIM_CONFIG": os.devnull, "MNT": str(mnt), "EMPTY": str(empty)},
+    )
+    assert proc.stderr == f"nvshim: error: {out}: {why}\n"
+    left = {"a directory": ["spec.yaml"], "a full file system": ["fill"]}.get(case, [])
+    assert proc.stdout.split() == ["rc=1", *left]
+
+
 def test_output_replaced_atomically(sim_hosts, tmp_path):
     sim = sim_hosts("single")
     out = tmp_path / "spec.json"
@@ -248,6 +316,18 @@ def test_cdi_list(sim_hosts, tmp_path):
     assert proc.stdout.split() == [f"nvidia.com/gpu={n}" for n in sorted(by_index_and_uuid)] + [
         "nvidia.com/gpu=all"
     ]
+
+
+def test_cdi_list_names_a_cdi_dir_that_does_not_exist(sim_hosts, tmp_path):
+    """A mistyped --cdi-dir was an empty list and exit 0, nothing said: now a warning
+    naming it (still exit 0: the directories that exist are listed)."""
+    sim = sim_hosts("single")
+    (tmp_path / "cdi").mkdir()
+    generate(sim, "-o", str(tmp_path / "cdi" / "nvidia.yaml"))
+    missing = tmp_path / "cid"
+    proc = run_nvshim("cdi", "list", "--cdi-dir", str(missing), "--cdi-dir", str(tmp_path / "cdi"))
+    assert proc.returncode == 0 and "nvidia.com/gpu=all" in proc.stdout.split()
+    assert proc.stderr == f"nvshim: warning: --cdi-dir {missing}: no such directory\n"
 
 
 def generate_for_podman(sim, spec, launchers: str, tmp_path) -> None:

@@ -345,3 +345,40 @@ def test_usage_errors_name_the_flag_or_variable():
     assert proc.returncode == 2
     line = _one_error(proc, "nvshim", "option '--format' requires an argument")
     assert line.endswith("; try 'nvshim cdi generate --help'"), line
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (("doctor", "--cdi-dir", ""), "'--cdi-dir'"),  # was checked as the directory ""
+        (("cdi", "list", "--cdi-dir", ""), "'--cdi-dir'"),
+        (("cdi", "refresh", "-o", ""), "'-o' / '--output'"),
+        (("exporter", "--log-file", ""), "'--log-file'"),  # was the config's in disguise
+        (("install", "--prefix", ""), "'--prefix'"),
+        (("info", "--dev-root", ""), "'--dev-root'"),
+        (("nvshim-hook", "--config", "", "prestart"), "'--config'"),  # was the default file
+    ],
+)
+def test_an_empty_path_option_is_a_usage_error(launchers, tmp_path, argv, hint):
+    """An option that names a file or directory, given as "": exit 2 naming it, and
+    nothing read or written in its place."""
+    if argv[0] == "nvshim-hook":
+        proc = _run([f"{launchers}/nvshim-hook", *argv[1:]], input="{}", cwd=tmp_path)
+        program, command = "nvshim-hook", "nvshim-hook"
+    else:
+        proc = run_nvshim(*argv, cwd=tmp_path, timeout=60)  # the exporter served on
+        program, command = "nvshim", " ".join(("nvshim", *argv[:-2]))
+    assert proc.returncode == 2 and proc.stdout == ""
+    line = _one_error(proc, program, f"invalid value for {hint}: empty path")
+    assert line.endswith(f"; try '{command} --help'"), line
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_exporter_doctor_interval_is_0_or_more(value):
+    """A negative interval or nan (after which the checks never ran again) is refused
+    before anything is served."""
+    argv = ("exporter", "--listen", "127.0.0.1:1", "--doctor-interval", value)
+    proc = run_nvshim(*argv, timeout=30)
+    assert proc.returncode == 2
+    _one_error(proc, "nvshim", f"invalid value for '--doctor-interval': {value}: must be 0 or")

@@ -93,6 +93,20 @@ def test_values_override_and_unknown_keys_warn(tmp_path):
             '[pairing]\nnetdev-name = "a-very-long-name%d"\n',
             "pairing.netdev-name: 'a-very-long-name%d' is not a usable name pattern",
         ),
+        # out of range: each rotation renames every backup; TOML integers are 64-bit
+        ("[runtime]\nlog-backups = 1000000000\n", "log-backups must be at most 1000, got"),
+        ("[runtime]\nlog-max-size = 99999999999999999999\n", "must be a 64-bit integer"),
+        # paths: the runtime and hook run in a bundle's directory, a relative one misleads
+        ('[host]\ndriver-root = "run/nvidia/driver"\n', "host.driver-root: 'run/nvidia/"),
+        ('[host]\ndev-root = ""\n', "host.dev-root: '' is not an absolute path"),
+        ('[runtime]\nlog-file = "nvshim.log"\n', "runtime.log-file: 'nvshim.log' is not an"),
+        ('[runtime]\nhook-path = "nvshim-hook"\n', "runtime.hook-path: 'nvshim-hook' is not"),
+        ('[runtime]\ninventory-dir = "."\n', "runtime.inventory-dir: '.' is not an absolute"),
+        ('[policy]\ncdi-spec-dirs = ["/etc/cdi", "cdi"]\n', "cdi-spec-dirs: 'cdi' is not an"),
+        ('[sharing]\nmps-root = "mps"\n', "sharing.mps-root: 'mps' is not an absolute path"),
+        ('[sharing]\nconfig = "sharing.yaml"\n', "sharing.config: 'sharing.yaml' is not an"),
+        ("[runtime]\nruntimes = []\n", "runtime.runtimes must list at least 1 (got [])"),
+        ('[runtime]\nruntimes = ["bin/runc"]\n', "'bin/runc' is not a program name or an"),
     ],
 )
 def test_bad_config_one_line(tmp_path, text, needle):
@@ -104,6 +118,22 @@ def test_bad_config_one_line(tmp_path, text, needle):
     proc = run_nvshim("config", "show", env={"NVSHIM_CONFIG": str(path)})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "make, line",
+    [
+        (lambda p: os.mkfifo(p), "{p}: not a regular file (a FIFO or socket)"),  # hung
+        (lambda p: p.symlink_to("/dev/zero"), "{p}: larger than 1 MiB, not an nvshim config"),
+    ],
+    ids=["fifo", "endless"],
+)
+def test_a_config_that_is_no_file_is_one_line_not_a_hang(tmp_path, make, line):
+    path = tmp_path / "config.toml"
+    make(path)
+    proc = run_nvshim("config", "show", env={"NVSHIM_CONFIG": str(path)}, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr == "nvshim: error: " + line.format(p=path) + "\n"
 
 
 def test_explicit_missing_file_is_an_error(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -51,6 +52,31 @@ def one_error_line(err: str) -> str:
             " found a string",
         ),
         ("version = 4\n", ":1:", "config version 4 is not supported"),
+        # the keys read to copy the default runtime: containerd would refuse these too
+        (
+            'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+            "  default_runtime_name = 5\n",
+            ":3:",
+            "containerd.default_runtime_name must be a string, found an integer",
+        ),
+        (
+            'version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]\n'
+            '  runtime_type = "io.containerd.runc.v2"\n  options = "SystemdCgroup"\n',
+            ":4:",
+            "containerd.runtimes.runc.options must be a table, found a string",
+        ),
+        (
+            'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes]\n'
+            '  runc = "io.containerd.runc.v2"\n',
+            ":3:",
+            "containerd.runtimes.runc must be a table, found a string",
+        ),
+        ('version = 2\nimports = "/etc/containerd/conf.d/*.toml"\n', ":2:", "imports must be an"),
+        (
+            'version = 2\nimports = ["/etc/containerd/conf.d/*.toml", 3]\n',
+            ":2:",
+            "imports must be an array of strings, found an entry that is an integer",
+        ),
         ('version = "2"\n', ":1:", "version must be an integer"),
     ],
 )
@@ -77,6 +103,13 @@ def test_bad_toml_is_one_line_naming_file_and_line_and_changes_nothing(
             "features must be an object, found a string",
         ),
         ("[1, 2]\n", ":1:", "must be a JSON object"),
+        # the keys nvshim sets: dockerd refuses these, an edit would have hidden it
+        ('{\n  "default-runtime": 5\n}\n', ":2:", "default-runtime must be a string"),
+        (
+            '{\n  "features": {\n    "cdi": "yes"\n  }\n}\n',
+            ":3:",
+            "features.cdi must be a boolean, found a string",
+        ),
     ],
 )
 def test_bad_daemon_json_is_one_line_and_changes_nothing(tmp_path, capsys, text, where, words):
@@ -88,6 +121,28 @@ def test_bad_daemon_json_is_one_line_and_changes_nothing(tmp_path, capsys, text,
     line = one_error_line(err)
     assert code == 1 and f"{config}{where}" in line and words in line, line
     assert tree(tmp_path) == {"daemon.json": text.encode()}
+
+
+@pytest.mark.parametrize(
+    "text, where, words",
+    [
+        ("[crio.runtime]\ndefault_runtime = 5\n", ":2:", "default_runtime must be a string"),
+        (
+            '[crio.runtime.runtimes]\ncrun = "/usr/bin/crun"\n',
+            ":2:",
+            "crio.runtime.runtimes.crun must be a table, found a string",
+        ),
+    ],
+)
+def test_bad_crio_config_is_one_line_and_changes_nothing(tmp_path, capsys, text, where, words):
+    """The keys read to copy CRI-O's default runtime, in crio.conf beside the drop-in."""
+    (tmp_path / "crio.conf").write_text(text)
+    drop_in = tmp_path / "crio.conf.d" / "99-nvshim.toml"
+    code, _, err = nvshim(capsys, "configure", "--engine", "crio", "--engine-config", str(drop_in))
+    line = one_error_line(err)
+    assert code == 1 and f"{tmp_path / 'crio.conf'}{where}" in line and words in line, line
+    assert tree(tmp_path) == {"crio.conf": text.encode()}
+    assert os.listdir(tmp_path) == ["crio.conf"]
 
 
 def test_cli_prints_one_line_without_traceback(tmp_path):
@@ -317,6 +372,39 @@ def test_bad_boolean_in_environment(tmp_path, capsys, monkeypatch):
     assert code == 2 and "CONTAINERD_SET_AS_DEFAULT='maybe'" in one_error_line(err)
 
 
+@pytest.mark.parametrize(
+    "extra, env, line",
+    [
+        # TOML has no null: this was an internal error (exit 70) while rendering the edit
+        (
+            ("--runtime-config-override", '{"SystemdCgroup": true, "Root": null}'),
+            {},
+            "--runtime-config-override: Root is null, which TOML cannot hold",
+        ),
+        (
+            ("--runtime-config-override", '{"a": {"b": [1, null]}}'),
+            {},
+            "--runtime-config-override: a.b.1 is null, which TOML cannot hold",
+        ),
+        # the variable is named (it read "containerd version 'garbage'")
+        (
+            (),
+            {"NVSHIM_CONTAINERD_VERSION": "garbage"},
+            "NVSHIM_CONTAINERD_VERSION='garbage': expected like 1.7.2",
+        ),
+    ],
+)
+def test_bad_setting_is_a_usage_error_naming_it(tmp_path, capsys, monkeypatch, extra, env, line):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = tmp_path / "config.toml"
+    config.write_text(V16)
+    code, _, err = nvshim(capsys, "configure", *ctd(config, *extra))
+    assert code == 2
+    assert one_error_line(err) == f"nvshim: error: {line}; try 'nvshim configure --help'"
+    assert tree(tmp_path) == {"config.toml": V16.encode()}
+
+
 def test_docker_features_map_is_merged_not_replaced(tmp_path, capsys):
     config = tmp_path / "daemon.json"
     config.write_text('{\n\t"features": {\n\t\t"buildkit": true\n\t}\n}\n')
@@ -428,3 +516,115 @@ def test_make_dirs_tolerates_a_directory_created_meanwhile(tmp_path, monkeypatch
     monkeypatch.setattr(common.os, "mkdir", racing_mkdir)
     assert common.make_dirs(str(target)) == [str(target)]
     assert target.is_dir()
+
+
+# In a private mount namespace: a 64 KiB tmpfs holding the config, filled up to FREE KiB
+# free, then the installed `nvshim configure`; prints its status and what the tmpfs holds.
+FULL_FS = r"""
+set -e
+mount -t tmpfs -o size=64k tmpfs "$DIR"
+cp "$SRC" "$DIR/config.toml"
+chmod 640 "$DIR/config.toml"
+chown 1234:5678 "$DIR/config.toml"
+used=$(df -k --output=used "$DIR" | tail -1)
+dd if=/dev/zero of="$DIR/fill" bs=1k count=$((64 - used - FREE)) 2>/dev/null
+set +e
+"$NVSHIM" configure --engine containerd --engine-config "$DIR/config.toml"
+echo "rc=$?"
+echo $(ls -A "$DIR")
+stat -c '%a %u %g' "$DIR/config.toml"
+sha256sum < "$DIR/config.toml"
+"""
+
+
+@pytest.mark.parametrize(
+    "free_kib, failed",
+    [
+        (4, "config.toml.nvshim.bak"),  # V16 is two pages: no room for the backup
+        (8, "config.toml.nvshim.state"),  # room for the backup, not for the record
+        (12, "config.toml"),  # room for the backup and record, not for the new file
+    ],
+)
+def test_a_full_file_system_leaves_the_config_and_no_backup_or_record(tmp_path, free_kib, failed):
+    """ENOSPC part way: one line naming the file that could not be written, exit 1, and
+    the config's bytes, mode and owner as they were, with no backup, record, lock or
+    temporary file left beside it."""
+    from tests.conftest import NVSHIM
+
+    src = tmp_path / "src.toml"
+    src.write_text(V16)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = {
+        **os.environ,
+        "DIR": str(mnt),
+        "SRC": str(src),
+        "FREE": str(free_kib),
+        "NVSHIM": NVSHIM,
+        "NVSHIM_CONFIG": os.devnull,
+    }
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", FULL_FS],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.stderr == f"nvshim: error: {mnt}/{failed}: No space left on device\n"
+    rc, listing, owner, digest = done.stdout.splitlines()
+    assert rc == "rc=1"
+    assert listing.split() == ["config.toml", "fill"]
+    assert owner == "640 1234 5678"
+    assert digest.split()[0] == hashlib.sha256(V16.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "command, extra, code",
+    [
+        # fails after the lock: the restart asked for cannot happen
+        ("configure", ("--restart", "signal", "--socket", "/nonexistent.sock"), 1),
+        ("unconfigure", (), 0),  # nothing there to remove
+    ],
+)
+def test_a_run_that_writes_nothing_makes_no_directory(tmp_path, capsys, command, extra, code):
+    config = tmp_path / "etc" / "docker" / "daemon.json"
+    argv = ["--engine", "docker", "--engine-config", str(config), *extra]
+    assert nvshim(capsys, command, *argv)[0] == code
+    assert os.listdir(tmp_path) == []
+
+
+def test_unconfigure_removes_the_directories_configure_made(tmp_path, capsys):
+    config = tmp_path / "etc" / "docker" / "daemon.json"
+    argv = ["--engine", "docker", "--engine-config", str(config)]
+    assert nvshim(capsys, "configure", *argv)[0] == 0
+    assert load_state(str(config)).created_dirs == [str(tmp_path / "etc"), str(config.parent)]
+    code, out, _ = nvshim(capsys, "unconfigure", *argv)
+    assert code == 0 and "removed (nvshim made it)" in out
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_read_only_file_system_names_the_config(tmp_path):
+    """A config on a read-only mount: the line starts with the config's path (it named
+    only the lock file nvshim makes beside it) and the file stays as it was."""
+    from tests.conftest import NVSHIM
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    (src / "config.toml").write_text(V16)
+    config = mnt / "config.toml"
+    script = (
+        f"mount --bind -o ro {src} {mnt} && {NVSHIM} configure --engine containerd"
+        f" --engine-config {config}"
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NVSHIM_CONFIG": os.devnull},
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"nvshim: error: {config}: cannot create its lock {config}.nvshim.lock:"
+        " Read-only file system\n"
+    )
+    assert tree(src) == {"config.toml": V16.encode()}

@@ -346,6 +346,26 @@ def test_runtime_through_a_pyenv_shim_fails_engine_runtime(nodes, tmp_path):
     assert code == 1
 
 
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda p: p.mkdir(), "{p}: is a directory, expected a file"),  # was Python's repr
+        (lambda p: p.write_bytes(b"version = 2\n# \xff\n"), "{p}:2: not valid UTF-8"),
+    ],
+    ids=["directory", "not-utf8"],
+)
+def test_an_unreadable_engine_config_fails_engine_runtime_in_one_line(
+    nodes, tmp_path, make, reason
+):
+    """The check reads the file as configure does, and says what configure would."""
+    node = nodes("single")
+    config = tmp_path / "config.toml"
+    make(config)
+    code, results = node.doctor("--only", "engine-runtime", engine_config=str(config))
+    assert results["engine-runtime"] == ("fail", reason.format(p=config))
+    assert code == 1
+
+
 def test_broken_sharing_file_fails_sharing_config(nodes, tmp_path):
     node = nodes("single")
     text = node.config.read_text().replace(

@@ -574,6 +574,27 @@ def test_bad_kubeconfig_is_one_line(tmp_path, sim):
         assert line.startswith(f"nvshim: error: kubeconfig {bad}: unusable TLS settings: ")
 
 
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        # a wait of 0, below 0 or nan would spin on discovery and the API server
+        (("--interval", "0"), "invalid value for '--interval': 0: must be above 0"),
+        (("--interval", "-5"), "invalid value for '--interval': -5: must be above 0"),
+        (("--resync", "nan"), "invalid value for '--resync': nan: must be above 0"),
+        # the command line's own mistake first, before the kubeconfig is read
+        (("--node-name", ""), "--node-name (or NODE_NAME) is required"),
+    ],
+)
+def test_bad_run_option_is_a_usage_error_before_anything_else(tmp_path, args, line):
+    bad = tmp_path / "kc"
+    bad.write_text("current-context: nowhere\n")
+    argv = ("dra", "run", "--node-name", "n", "--kubeconfig", str(bad), *args)
+    out = run_nvshim(*argv, env={"NODE_NAME": ""}, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr == f"nvshim: error: {line}; try 'nvshim dra run --help'\n"
+    assert os.listdir(tmp_path) == ["kc"]
+
+
 def test_specs_name_the_nodes_paths_when_run_in_a_pod(api, sim, short_tmp, monkeypatch):
     """In the DaemonSet discovery runs under the node's / mounted at --host-root; the
     claim spec must name the node's own paths (what containerd on the node opens)."""

@@ -339,6 +339,11 @@ BAD = [
     ({"NVSHIM_SHARING_CONFIG": "{sharing}"}, "NVSHIM_SHARING_CONFIG="),
     ({"CREATE_DEVICE_NODES": "all"}, "CREATE_DEVICE_NODES='all'"),
     ({"RUNTIME_CONFIG_OVERRIDE": "{not json"}, "RUNTIME_CONFIG_OVERRIDE"),
+    # written into the host's config, where every container would then fail to load it
+    (
+        {"NVIDIA_CONTAINER_RUNTIME_RUNTIMES": "runc,bin/crun"},
+        "NVIDIA_CONTAINER_RUNTIME_RUNTIMES: 'bin/crun' is not a program name or an absolute",
+    ),
 ]
 
 
@@ -352,6 +357,23 @@ def test_bad_values_are_refused_with_nothing_changed(scratch, env, named):
     assert "Traceback" not in done.stderr
     assert scratch.snapshot() == before
     assert not scratch.ready.exists()
+
+
+@pytest.mark.parametrize("command", ["install", "uninstall"])
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_host_root_that_is_no_directory_is_refused(tmp_path, command, kind):
+    """A mistyped HOST_ROOT_MOUNT: uninstall created <root>/usr/local on its way (and
+    said it removed nvshim from there, exit 0); install named only a socket under it."""
+    root = tmp_path / "host"
+    if kind == "file":
+        root.write_text("")
+    done = node(command, env={"RUNTIME": "containerd", "HOST_ROOT_MOUNT": str(root)})
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"nvshim: error: HOST_ROOT_MOUNT={str(root)!r}: not a directory;"
+        f" try 'nvshim node {command} --help'\n"
+    )
+    assert os.listdir(tmp_path) == ([] if kind == "missing" else ["host"])
 
 
 def test_bad_sharing_config_is_refused_with_nothing_changed(scratch, tmp_path):

@@ -8,7 +8,7 @@ import os
 import sys
 
 from nvshim.console import discover, warn
-from nvshim.errors import NvshimError, UsageError
+from nvshim.errors import NvshimError, UsageError, empty_path
 from nvshim.record import record
 
 
@@ -55,6 +55,12 @@ class SpecRequest:
                 validate_class(cls, "--class")
         except ValueError as err:
             raise UsageError(str(err)) from None
+        if hook_path is not None and not hook_path:
+            raise empty_path("'--hook-path'")
+        if hook_path is not None and not os.path.isabs(hook_path):  # runtimes refuse the spec
+            raise UsageError(f"--hook-path {hook_path!r}: must be an absolute path")
+        if capabilities is not None and not capabilities.strip():
+            raise UsageError("--capabilities: empty; name capabilities or all")
         vendor = vendor or config.policy.cdi_vendor
         cls = cls or ("gpu.shared" if sharing else config.policy.cdi_class)
         cap_warnings: list[str] = []
@@ -122,37 +128,62 @@ class SpecRequest:
         )
 
 
-def make_parents(output: str) -> None:
-    """Create the missing directories above ``output``, mode 0755 (as /var/run/cdi is)."""
+def make_parents(output: str) -> list[str]:
+    """Create the missing directories above ``output``, mode 0755 (as /var/run/cdi is);
+    return those made, outer first (:func:`remove_made` takes them back)."""
     parent = os.path.dirname(os.path.abspath(output))
     missing = []
     while not os.path.isdir(parent):
         missing.append(parent)
         parent = os.path.dirname(parent)
+    made: list[str] = []
     for directory in reversed(missing):
         try:
             os.mkdir(directory, 0o755)
+            made.append(directory)
             os.chmod(directory, 0o755)  # mkdir honours the umask
         except OSError as err:
+            remove_made(made)
             raise NvshimError(f"{output}: cannot create {directory}: {err.strerror}") from None
+    return made
+
+
+def remove_made(made: list[str]) -> None:
+    """Remove the directories :func:`make_parents` made, innermost first, where empty."""
+    for directory in reversed(made):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
+
+
+def check_output(output: str | None) -> None:
+    """``-o ""`` is a mistake, not stdout (leaving ``-o`` out is)."""
+    if output is not None and not output:
+        raise empty_path("'-o' / '--output'")
 
 
 def generate(output, driver_root, dev_root, config, **options) -> None:
     """Write the spec ``options`` (``SpecRequest.resolve``'s) name to ``output`` (atomically,
-    mode 0644, missing directories made) or to stdout when ``output`` is empty."""
+    mode 0644, missing directories made) or to stdout when ``output`` is None."""
     from nvshim.cdi.writer import dump_spec
 
+    check_output(output)
     request = SpecRequest.resolve(config, output, **options)
     host = discover(driver_root, dev_root)
     spec = request.build(host, config)
     text = dump_spec(spec, request.fmt)
-    if not output:
+    if output is None:
         sys.stdout.write(text)
         return
     from nvshim.fsutil import atomic_write
 
-    make_parents(output)
-    atomic_write(output, text.encode(), mode=0o644, backup=False)
+    made = make_parents(output)
+    try:
+        atomic_write(output, text.encode(), mode=0o644, backup=False)
+    except BaseException:
+        remove_made(made)
+        raise
     sys.stderr.write(
         f"nvshim: wrote {output}: {len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']}\n"
     )

@@ -110,12 +110,12 @@ def refresh(output, force, driver_root, dev_root, config, **options) -> None:
     device and MIG capability nodes) plus nvshim's version and these options; it is kept in
     FILE.nvshim-key. A failed discovery keeps the previous spec and exits 1. Run by
     nvshim-cdi-refresh.service at boot and on driver, MIG and nvshim changes."""
-    from nvshim.cdi.generate import SpecRequest, make_parents
+    from nvshim.cdi.generate import SpecRequest, check_output, make_parents, remove_made
     from nvshim.cdi.refresh import refresh_spec
     from nvshim.cdi.writer import dump_spec
 
+    check_output(output)
     request = SpecRequest.resolve(config, output, **options)
-    make_parents(output)
 
     def render(host):
         spec = request.build(host, config)
@@ -123,9 +123,14 @@ def refresh(output, force, driver_root, dev_root, config, **options) -> None:
 
     inputs = (config.sharing.config,) if request.sharing else ()
     options = {**asdict(request), "config": os.environ.get("NVSHIM_CONFIG")}
-    _, line = refresh_spec(
-        output, driver_root, dev_root, options, render, discover, inputs=inputs, force=force
-    )
+    made = make_parents(output)
+    try:
+        _, line = refresh_spec(
+            output, driver_root, dev_root, options, render, discover, inputs=inputs, force=force
+        )
+    except BaseException:
+        remove_made(made)
+        raise
     click.echo(f"nvshim: {line}", err=True)
 
 
@@ -145,7 +150,7 @@ def list_(spec_dirs, as_json: bool) -> None:
     """Print vendor/class=name of every device in the CDI spec directories."""
     from nvshim.cdi.registry import DEFAULT_SPEC_DIRS, list_devices
 
-    warnings: list[str] = []
+    warnings = [f"--cdi-dir {d}: no such directory" for d in spec_dirs if not os.path.lexists(d)]
     names = list_devices(spec_dirs or DEFAULT_SPEC_DIRS, warnings)
     for warning in warnings:
         click.echo(f"nvshim: warning: {warning}", err=True)

@@ -6,7 +6,7 @@ import functools
 
 import click
 
-from nvshim.console import discover, load_config_warn
+from nvshim.console import discover, load_config_warn, roots
 from nvshim.engines import ENGINES
 from nvshim.options import Option, option
 
@@ -89,8 +89,7 @@ def root_options(func):
     def wrapper(*args, driver_root=None, dev_root=None, **kwargs):
         config = load_config_warn()
         kwargs["config"] = config
-        kwargs["driver_root"] = driver_root or config.host.driver_root
-        kwargs["dev_root"] = dev_root or config.host.dev_root
+        kwargs["driver_root"], kwargs["dev_root"] = roots(config, driver_root, dev_root)
         return func(*args, **kwargs)
 
     return wrapper

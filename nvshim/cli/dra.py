@@ -12,6 +12,7 @@ from nvshim.cli.common import discover, option, root_options
 from nvshim.console import warn
 from nvshim.dra import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, DEFAULT_MPS_ROOT
 from nvshim.errors import UsageError
+from nvshim.options import above_zero
 
 if TYPE_CHECKING:
     from nvshim.node.hostview import RootPairs
@@ -75,6 +76,7 @@ def dra() -> None:
     default=5.0,
     show_default=True,
     metavar="SECONDS",
+    callback=above_zero,
     help="How often the host is checked.",
 )
 @option(
@@ -82,6 +84,7 @@ def dra() -> None:
     default=60.0,
     show_default=True,
     metavar="SECONDS",
+    callback=above_zero,
     help="How often the slices are resent.",
 )
 @root_options
@@ -92,10 +95,11 @@ def run(
     from nvshim.dra.kube import connect
     from nvshim.dra.run import run as run_plugin
 
+    node = _node(node_name)  # the command line's mistakes before the kubeconfig's
     driver_root, dev_root, view = _roots(os.path.abspath(host_root), roots)
     run_plugin(
         connect(kubeconfig),
-        _node(node_name),
+        node,
         roots["config"],
         driver_root,
         dev_root,
@@ -146,12 +150,13 @@ def slices(node_name, driver_root, dev_root, config) -> None:
     """Print the ResourceSlices this node would publish (JSON; nothing is sent)."""
     from nvshim.dra.slices import desired_slices, slice_devices
 
+    node = _node(node_name)
     host = discover(driver_root, dev_root)
     warnings: list[str] = []
     devices = slice_devices(host, config, warnings)
     for warning in warnings:
         warn(warning)
-    click.echo(json.dumps(desired_slices(_node(node_name), devices, 1), indent=2))
+    click.echo(json.dumps(desired_slices(node, devices, 1), indent=2))
 
 
 @dra.command()

@@ -47,6 +47,10 @@ def exporter(listen, log_file, doctor_interval, make_context) -> None:
     from nvshim.exporter.collector import NodeCollector
 
     host, port = parse_listen(listen)
+    if not doctor_interval >= 0:  # nan too: the checks would never run again
+        raise click.BadParameter(
+            f"{doctor_interval:g}: must be 0 or more", param_hint="'--doctor-interval'"
+        )
     config = make_context().config
     log_path = log_file or (
         config.runtime.log_file if config.runtime.log_target == "file" else None

@@ -30,7 +30,8 @@ from nvshim.cli.common import option
     default="/usr/bin",
     show_default=True,
     metavar="DIR",
-    help="Where the commands go.",
+    empty_ok=True,
+    help='Where the commands go ("": nowhere, they stay in the --prefix bundle).',
 )
 @option("--hooks-dir", default=None, metavar="DIR", help="Also write the OCI hook JSON here.")
 def install(dest_root: str, prefix: str | None, bin_dir: str, hooks_dir: str | None) -> None:

@@ -73,10 +73,11 @@ def _node_options(keep: bool = True) -> Callable[[Callable], Callable]:
     return decorate
 
 
-def _settings(options: dict[str, Any]):
+def _settings(options: dict[str, Any], acting: bool = True):
+    """The run's settings; ``acting``: a command that changes the host (not ``show``)."""
     from nvshim.node.env import resolve_node
 
-    return resolve_node(options)
+    return resolve_node(options, acting=acting)
 
 
 @click.group()
@@ -123,7 +124,7 @@ def show(**options: Any) -> None:
     """Print the resolved settings (JSON) and warnings; change nothing."""
     from nvshim.node.env import describe
 
-    s = _settings(options)
+    s = _settings(options, acting=False)
     for warning in s.warnings:
         click.echo(f"nvshim: warning: {warning}", err=True)
     click.echo(describe(s))

@@ -51,15 +51,14 @@ def entry_from_config(engine: str, data: dict, name: str) -> str | None:
 def configured_entry(s: Settings) -> str | None:
     """The runtime binary of ``s.runtime_name`` in the engine's config file (and the
     containerd drop-in when given); NvshimError for an unreadable or broken file."""
+    from nvshim.engines.common import decode, read_bytes
+
     found = None
     for path in [s.config] + ([s.drop_in] if s.drop_in else []):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except FileNotFoundError:
+        raw = read_bytes(path)  # configure's reader: its one-line errors
+        if raw is None:
             continue
-        except (OSError, UnicodeDecodeError) as err:
-            raise NvshimError(f"{path}: cannot read: {err}") from None
+        text = decode(path, raw)
         if s.engine == "docker":
             try:
                 data = json.loads(text or "{}")

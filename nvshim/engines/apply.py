@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+from collections.abc import Iterator
 from types import ModuleType
 
 from nvshim import record as records
@@ -20,11 +21,13 @@ from nvshim.engines.common import (
     decode,
     load_state,
     locked,
+    make_dirs,
     read_bytes,
     remove_empty_dirs,
     remove_state,
     save_state,
     sha256,
+    sidecar_base,
     unified_diff,
     write_file,
 )
@@ -70,8 +73,20 @@ def _resolved(s: Settings) -> Settings:
     )
 
 
-def _lock(s: Settings, anchor: str):
-    return contextlib.nullcontext() if s.dry_run else locked(anchor)
+@contextlib.contextmanager
+def _lock(s: Settings, anchor: str) -> Iterator[list[str]]:
+    """Hold the lock of ``anchor``'s files (none on a dry run); yields the directories
+    made for its lock file, removed again (with any the body adds) where empty once the
+    lock is released: a failed run, or one with nothing to do, leaves no new directory."""
+    if s.dry_run:
+        yield []
+        return
+    made = make_dirs(os.path.dirname(sidecar_base(anchor)))
+    try:
+        with locked(anchor):
+            yield made
+    finally:
+        remove_empty_dirs(made)
 
 
 def _check_restart(s: Settings) -> None:
@@ -88,7 +103,7 @@ def configure(s: Settings) -> Report:
     engine = ENGINE_MODULES[s.engine]
     paths = engine.files(s)
     report = Report()
-    with _lock(s, paths[0]):
+    with _lock(s, paths[0]) as made:
         raws = {path: read_bytes(path) for path in paths}
         docs = {path: engine.load(path, decode(path, raws[path])) for path in paths}
         states = {path: load_state(path) for path in paths}
@@ -114,7 +129,7 @@ def configure(s: Settings) -> Report:
             return _dry_run(report, changes)
         _check_restart(s)
         for change in changes:
-            report.lines.append(_commit_configure(change))
+            report.lines.append(_commit_configure(change, made if change.path == paths[0] else []))
     report.changed = True
     report.lines.append(restart(s))
     return report
@@ -128,8 +143,11 @@ def _dry_run(report: Report, changes: list[_Change]) -> Report:
     return report
 
 
-def _commit_configure(change: _Change) -> str:
-    _, notes = commit_file(change.path, change.old, change.new, change.state, change.records)
+def _commit_configure(change: _Change, made: list[str]) -> str:
+    """Write one change (``made``: the directories made for it, recorded for unconfigure)."""
+    _, notes = commit_file(
+        change.path, change.old, change.new, change.state, change.records, created=made
+    )
     return f"{change.path}: " + "; ".join(change.summary + notes)
 
 
@@ -140,7 +158,7 @@ def unconfigure(s: Settings, restart_now: bool = True) -> Report:
     engine = ENGINE_MODULES[s.engine]
     paths = engine.files(s)
     report = Report()
-    with _lock(s, paths[0]):
+    with _lock(s, paths[0]) as made:
         changes: list[_Change] = []
         for path in paths:
             change = _plan_unconfigure(s, engine, path, report)
@@ -152,7 +170,7 @@ def unconfigure(s: Settings, restart_now: bool = True) -> Report:
             return _dry_run(report, changes)
         _check_restart(s)
         for change in changes:
-            report.lines.append(_commit_unconfigure(s, change))
+            report.lines.append(_commit_unconfigure(s, change, made))
     report.changed = True
     if restart_now:
         report.lines.append(restart(s))
@@ -192,12 +210,14 @@ def _plan_unconfigure(s: Settings, engine: ModuleType, path: str, report: Report
     return _Change(path, raw, new, state, others, undone + kept)
 
 
-def _commit_unconfigure(s: Settings, change: _Change) -> str:
+def _commit_unconfigure(s: Settings, change: _Change, made: list[str]) -> str:
+    """Write one change; the directories nvshim made for a file it removes go into
+    ``made``, for :func:`_lock` to remove once the lock file in them is gone."""
     path, state = change.path, change.state
     write_file(path, change.new)
     if state is not None:
         if change.new is None:
-            remove_empty_dirs(state.created_dirs)
+            made += [d for d in state.created_dirs if d not in made]
         if change.records:  # another runtime name nvshim added is still there
             state.records = change.records
             state.pristine = state.pristine and sha256(change.old) == state.written_sha256

@@ -92,7 +92,7 @@ def locked(path: str) -> Iterator[None]:
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise NvshimError(f"{lock}: is a symbolic link; refusing to lock") from None
-            raise NvshimError(f"{lock}: cannot create lock: {err.strerror}") from None
+            raise NvshimError(f"{path}: cannot create its lock {lock}: {err.strerror}") from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         # The holder before us may have removed the file: then lock the new one instead.
         try:
@@ -225,25 +225,57 @@ def commit_file(
     """Replace ``old`` (what ``path`` holds now) with ``new`` the safe way: the first time,
     keep the original beside it (or note the directories made for it, ``created`` plus
     any missing now); mark the file not pristine when someone else changed it since
-    nvshim wrote it; save the record first, then write. Returns the record and notes."""
+    nvshim wrote it; save the record first, then write. Returns the record and notes.
+    When a write fails (a full or read-only file system), the backup, record and
+    directories this call made are taken back before the error goes on."""
     notes = []
-    if state is None:
-        state = FileState(original_sha256=sha256(old))
-        if old is not None:
-            notes.append(f"original kept in {write_backup(path, old)}")
-    elif sha256(old) not in (state.written_sha256, state.original_sha256):
-        # someone else edited it since nvshim wrote it (the original itself is still
-        # pristine: a run stopped between recording and writing left it in place)
-        state.pristine = False
-    if old is None:
-        made = [*(created or []), *make_dirs(os.path.dirname(path))]
-        state.created_dirs += [d for d in made if d not in state.created_dirs]
-    state.written_sha256 = sha256(new)
-    if records is not None:
-        state.records = records
-    save_state(path, state)  # first: a crash before the write leaves a harmless record
-    write_file(path, new)
+    undo = _Undo(path)
+    try:
+        if state is None:
+            state = FileState(original_sha256=sha256(old))
+            if old is not None:
+                undo.backup = not os.path.lexists(backup_path(path))
+                notes.append(f"original kept in {write_backup(path, old)}")
+        elif sha256(old) not in (state.written_sha256, state.original_sha256):
+            # someone else edited it since nvshim wrote it (the original itself is still
+            # pristine: a run stopped between recording and writing left it in place)
+            state.pristine = False
+        if old is None:
+            undo.dirs = make_dirs(os.path.dirname(path))
+            made = [*(created or []), *undo.dirs]
+            state.created_dirs += [d for d in made if d not in state.created_dirs]
+        state.written_sha256 = sha256(new)
+        if records is not None:
+            state.records = records
+        save_state(path, state)  # first: a crash before the write leaves a harmless record
+        write_file(path, new)
+    except BaseException:
+        undo.run()
+        raise
     return state, notes
+
+
+class _Undo:
+    """What a failed :func:`commit_file` takes back: the record as it was before, the
+    backup and the directories it made."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.state = read_bytes(state_path(path))  # None: there was none
+        self.backup = False
+        self.dirs: list[str] = []
+
+    def run(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.state is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(state_path(self.path))
+            else:
+                atomic_write(state_path(self.path), self.state, mode=0o600, backup=False)
+        if self.backup:
+            with contextlib.suppress(OSError):
+                os.unlink(backup_path(self.path))
+        remove_empty_dirs(self.dirs)
 
 
 def unified_diff(path: str, old: bytes | None, new: bytes | None) -> str:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import functools
 import glob
 import os
-import re
 import subprocess
 
 from nvshim.engines import common
-from nvshim.engines.doc import MISSING, Document, Keys, dotted
+from nvshim.engines.doc import MISSING, Document, Keys, dotted, type_name
 from nvshim.engines.records import Edit, recorded_before
-from nvshim.engines.settings import Settings
+from nvshim.engines.settings import Settings, parse_version
 from nvshim.engines.tomldoc import TomlDoc
 from nvshim.errors import InputFileError, UsageError
 from nvshim.record import replace
@@ -45,20 +44,6 @@ CRI_PLUGIN: dict[int, Keys] = {
 }
 DEEP_MERGE_IMPORTS = (2, 1)  # first containerd that merges imported files table by table
 FIRST_CDI = (1, 7)
-
-_VERSION_RE = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
-
-
-def parse_version(text: str) -> tuple[int, int, int] | None:
-    """``(major, minor, patch)`` from ``containerd --version`` output or a bare ``1.7.2``."""
-    words = text.split()
-    # "containerd github.com/containerd/containerd 1.6.20~ds1 <revision>": the third word
-    candidates = words[2:3] + words if len(words) >= 3 else words
-    for word in candidates:
-        match = _VERSION_RE.match(word)
-        if match:
-            return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
-    return None
 
 
 @functools.lru_cache(maxsize=8)
@@ -372,17 +357,49 @@ def runtime_edits(
 def source_docs(s: Settings, main: Document, edited: list[Document]) -> list[Document]:
     """Where the default runtime is read from: ``containerd config dump`` when
     ``--config-source`` lists ``command`` first and it works, else the files (the main
-    file, the files it imports, then the file being edited)."""
+    file, the files it imports, then the file being edited); each checked (``check_read``)."""
+    docs = edited
     for source in (x.strip() for x in s.config_source.split(",")):
         if source == "command":
             dumped = _config_dump(s.config)
             if dumped is not None:
-                return [dumped, *edited[1:]]
+                docs = [dumped, *edited[1:]]
+                break
         elif source == "file":
             base = [_rendered(s.config)] if getattr(main, "template", False) else []
             imported = imported_docs(s.config, main, skip=edited, root=s.host_root)
-            return [*base, main, *imported, *edited[1:]]
-    return edited
+            docs = [*base, main, *imported, *edited[1:]]
+            break
+    for doc in docs:
+        check_read(doc)
+    return docs
+
+
+def check_read(doc: Document) -> None:
+    """The keys nvshim reads to copy the default runtime have the types containerd
+    decodes them into (else containerd would refuse the file, and nvshim copy nothing):
+    ``imports`` an array of strings; in the CRI table ``default_runtime_name`` a string,
+    each runtime a table and its ``options`` a table. One error naming file, line, key."""
+    imports = doc.get(("imports",))
+    if imports is not MISSING:
+        wrong = [i for i in imports if not isinstance(i, str)] if isinstance(imports, list) else []
+        if wrong or not isinstance(imports, list):
+            found = f"an entry that is {type_name(wrong[0])}" if wrong else type_name(imports)
+            raise doc.type_error(("imports",), "an array of strings", found)
+    if doc.is_empty() or getattr(doc, "template", False):
+        return
+    section = CRI_PLUGIN[config_version(doc)] + ("containerd",)
+    default = doc.get(section + ("default_runtime_name",))
+    if default is not MISSING and not isinstance(default, str):
+        raise doc.type_error(section + ("default_runtime_name",), "a string", type_name(default))
+    runtimes = doc.get(section + ("runtimes",))
+    for name, table in runtimes.items() if isinstance(runtimes, dict) else ():
+        keys = section + ("runtimes", name)
+        if not isinstance(table, dict):
+            raise doc.type_error(keys, "a table", type_name(table))
+        options = table.get("options", {})
+        if not isinstance(options, dict):
+            raise doc.type_error(keys + ("options",), "a table", type_name(options))
 
 
 def _config_dump(config: str) -> Document | None:

@@ -12,7 +12,7 @@ import os
 
 from nvshim.engines import common
 from nvshim.engines.common import decode, read_bytes
-from nvshim.engines.doc import Document
+from nvshim.engines.doc import MISSING, Document, type_name
 from nvshim.engines.records import Edit, recorded_before
 from nvshim.engines.settings import Settings
 from nvshim.engines.tomldoc import TomlDoc
@@ -84,18 +84,23 @@ def source_docs(s: Settings) -> list[Document]:
 
 
 def _effective(docs: list[Document]) -> tuple[str | None, dict]:
-    """CRI-O's default runtime name and runtime tables over ``docs``."""
+    """CRI-O's default runtime name and runtime tables over ``docs``; a wrong type where
+    they are read (CRI-O would refuse it too) is one error naming file, line and key."""
     default = None
     runtimes: dict = {}
     for doc in docs:
         name = doc.get(RUNTIME + ("default_runtime",))
+        if name is not MISSING and not isinstance(name, str):
+            raise doc.type_error(RUNTIME + ("default_runtime",), "a string", type_name(name))
         if isinstance(name, str) and name:
             default = name
         found = doc.get(RUNTIME + ("runtimes",))
         if isinstance(found, dict):
             for key, table in found.items():
-                if isinstance(table, dict):
-                    runtimes[key] = {**runtimes.get(key, {}), **table}
+                if not isinstance(table, dict):
+                    keys = RUNTIME + ("runtimes", key)
+                    raise doc.type_error(keys, "a table", type_name(table))
+                runtimes[key] = {**runtimes.get(key, {}), **table}
     return default, runtimes
 
 

@@ -7,10 +7,12 @@ replaced the whole map); every other key is left as it is.
 from __future__ import annotations
 
 from nvshim.engines import common
-from nvshim.engines.doc import Document
+from nvshim.engines.doc import MISSING, Document, type_name
 from nvshim.engines.jsondoc import JsonDoc
 from nvshim.engines.records import Edit
 from nvshim.engines.settings import Settings
+
+CDI = ("features", "cdi")
 
 
 def load(path: str, text: str) -> Document:
@@ -25,6 +27,7 @@ def plan(
     s: Settings, docs: dict[str, Document], history: dict[str, list[dict]]
 ) -> tuple[dict[str, list], list[str]]:
     """Edits for ``daemon.json`` (no warnings)."""
+    check_edited(docs[s.config])
     edits = [
         Edit(
             ("runtimes", s.runtime_name),
@@ -43,8 +46,18 @@ def plan(
             )
         )
     if s.enable_cdi:
-        edits.append(Edit(("features", "cdi"), True, what="enabled CDI"))
+        edits.append(Edit(CDI, True, what="enabled CDI"))
     return {s.config: edits}, []
+
+
+def check_edited(doc: Document) -> None:
+    """The keys nvshim may set have the types Docker reads (else dockerd refuses the
+    file, and an edit would hide that, or unconfigure bring it back): one error naming
+    file, line and key."""
+    for keys, want, kind in ((("default-runtime",), "a string", str), (CDI, "a boolean", bool)):
+        value = doc.get(keys)
+        if value is not MISSING and not isinstance(value, kind):
+            raise doc.type_error(keys, want, type_name(value))
 
 
 def claims(s: Settings, path: str, doc: Document) -> list[dict]:

@@ -267,6 +267,11 @@ def _validate(s: Settings, sources: Mapping[str, str]) -> None:
         )
     if s.runtime_config_override:
         _check_override(src("runtime_config_override"), s.runtime_config_override)
+    if s.containerd_version:
+        if parse_version(s.containerd_version) is None:
+            raise UsageError(
+                f"{src('containerd_version')}={s.containerd_version!r}: expected like 1.7.2"
+            )
 
 
 def _check_override(source: str, text: str) -> None:
@@ -278,3 +283,35 @@ def _check_override(source: str, text: str) -> None:
         raise UsageError(f"{source}: not JSON: {err}") from None
     if not isinstance(value, dict):
         raise UsageError(f"{source}: must be a JSON object, got {type(value).__name__}")
+    null = _null_at(value)
+    if null is not None:  # TOML has no null: the edit could not be written
+        raise UsageError(f"{source}: {null or 'an entry'} is null, which TOML cannot hold")
+
+
+def _null_at(value: Any, where: str = "") -> str | None:
+    """The dotted key of the first null in ``value`` ("" for ``value`` itself), or None."""
+    if value is None:
+        return where
+    if not isinstance(value, (dict, list)):
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        found = _null_at(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+_VERSION_RE = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` from ``containerd --version`` output or a bare ``1.7.2``."""
+    words = text.split()
+    # "containerd github.com/containerd/containerd 1.6.20~ds1 <revision>": the third word
+    candidates = words[2:3] + words if len(words) >= 3 else words
+    for word in candidates:
+        match = _VERSION_RE.match(word)
+        if match:
+            return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    return None

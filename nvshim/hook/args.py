@@ -15,7 +15,7 @@ from FILE instead of stdin).
 
 from __future__ import annotations
 
-from nvshim.errors import UsageError, did_you_mean
+from nvshim.errors import UsageError, did_you_mean, empty_path
 from nvshim.hookentries import FINISHERS, STEP_SEPARATOR
 
 TOOL = "nvshim-hook"
@@ -178,6 +178,10 @@ def parse_args(argv: list[str]) -> HookArgs:
     args = parse_step(argv[i:])
     if args.config is None:
         args.config = config
+    if args.config == "":  # not the default file in disguise
+        error = empty_path("'--config'")
+        error.help_command = TOOL
+        raise error
     args.log_format = log_format
     return args
 

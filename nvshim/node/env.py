@@ -25,7 +25,7 @@ from nvshim.engines.settings import (
     parse_bool,
     resolve_settings,
 )
-from nvshim.errors import UsageError
+from nvshim.errors import NvshimError, UsageError
 from nvshim.host.rootpath import in_root, resolve_in_root
 from nvshim.node.hostview import RootPairs
 from nvshim.record import field, record
@@ -315,8 +315,11 @@ def _engine_settings(
     )
 
 
-def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = None) -> NodeSettings:
-    """Every setting of an installer run from ``options`` (``None``: not given) and ``env``."""
+def resolve_node(
+    options: Mapping[str, Any], env: Mapping[str, str] | None = None, acting: bool = False
+) -> NodeSettings:
+    """Every setting of an installer run from ``options`` (``None``: not given) and ``env``;
+    ``acting`` (install, run, uninstall: not ``show``): the host root must be a directory."""
     env = os.environ if env is None else env
     warnings: list[str] = []
     values: dict[str, Any] = {}
@@ -339,6 +342,8 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
     if engine not in ENGINES:
         raise UsageError(f"{src('engine')}={engine!r}: expected one of {', '.join(ENGINES)}")
     host_root = _path(src("host_root"), values.get("host_root") or DEFAULT_HOST_ROOT)
+    if acting and not os.path.isdir(host_root):  # else every host path is a wrong one
+        raise UsageError(f"{src('host_root')}={host_root!r}: not a directory")
     values["host_root"] = host_root
     paths = {}
     for setting, default in (
@@ -382,17 +387,28 @@ def resolve_node(options: Mapping[str, Any], env: Mapping[str, str] | None = Non
         raise UsageError(f"{src('cdi_kind')}={kind!r}: {err}") from None
 
     policy: dict[str, Any] = {}
+
+    def put(key: str, setting: str, value: Any) -> None:
+        """A value for the host's config, checked as the config's own would be there."""
+        from nvshim.config import check_value
+
+        section = "runtime" if key == "runtimes" else "policy"
+        try:
+            policy[key] = check_value(section, key, value, src(setting))
+        except NvshimError as err:
+            raise UsageError(str(err)) from None
+
     if "accept_env" in values:
-        policy["accept-env-unprivileged"] = values["accept_env"]
+        put("accept-env-unprivileged", "accept_env", values["accept_env"])
     if "accept_mounts" in values:
-        policy["accept-volume-mounts"] = values["accept_mounts"]
+        put("accept-volume-mounts", "accept_mounts", values["accept_mounts"])
     if values.get("annotation_prefixes") is not None:
-        policy["cdi-annotation-prefixes"] = _list(values["annotation_prefixes"])
+        put("cdi-annotation-prefixes", "annotation_prefixes", _list(values["annotation_prefixes"]))
     if values.get("low_level_runtimes") is not None:
         runtimes = _list(values["low_level_runtimes"])
         if not runtimes:
             raise UsageError(f"{src('low_level_runtimes')}: empty list")
-        policy["runtimes"] = runtimes
+        put("runtimes", "low_level_runtimes", runtimes)
 
     kinds = _list(values.get("device_nodes") or "none")
     bad = [k for k in kinds if k not in DEVICE_NODE_KINDS]

@@ -18,13 +18,13 @@ from nvshim.trusted import CACHE_DIR
 def _command():
     import click
 
-    from nvshim.options import option
+    from nvshim.options import above_zero, option
 
     default = Limits()
 
     def seconds(name: str, value: float, text: str):
         return option(name, type=float, default=value, show_default=True, metavar="SECONDS",
-                      help=text)  # fmt: skip
+                      callback=above_zero, help=text)  # fmt: skip
 
     @click.command(
         context_settings={"help_option_names": ["-h", "--help"]},
@@ -46,10 +46,6 @@ def _command():
             raise click.BadParameter(
                 f"{workers}: must be 1 to --max-workers ({max_workers})", param_hint="'--workers'"
             )
-        for name, value in (("--idle-timeout", idle_timeout), ("--call-timeout", call_timeout),
-                            ("--marker-sweep", marker_sweep)):  # fmt: skip
-            if not value > 0:
-                raise click.BadParameter(f"{value:g}: must be above 0", param_hint=f"'{name}'")
         limits = Limits(workers, max_workers, idle_timeout, call_timeout, marker_sweep)
         serve(os.path.join(CACHE_DIR, DAEMON_SOCKET), verbose, limits)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from nvshim.mps import compute
 from tests.conftest import run_nvshim
 from tests.sim import fake_mps_control
 from tests.sim.simhost import SimHost, build_host
+from tests.test_runtime_races import NOBODY, SYSTEM_PYTHON, open_dir  # noqa: F401
 
 GPU0 = "GPU-92e91e7d-ffd7-601c-459e-d7fde767a1c6"
 GPU1 = "GPU-9d9231cf-dcd5-4b0e-0f9d-e8a86f92f3cc"
@@ -281,4 +283,63 @@ def test_a_failed_start_is_undone(tmp_path):
         )
         assert ctx.mode(GPU0) == compute.DEFAULT
     finally:
+        _cleanup(ctx)
+
+
+# a container's process in the pipe directory (its cwd), named like the control daemon: it
+# puts its pid in the pid file (argv[1] "forge"), and prints it (the host's: NSpid's first)
+FORGE = r"""
+import os, sys, time
+with open("/proc/self/comm", "w") as fh:
+    fh.write("nvidia-cuda-mps")
+with open("/proc/self/status") as fh:
+    pid = next(line.split()[1] for line in fh if line.startswith("NSpid:"))
+if sys.argv[1] == "forge":
+    try:
+        os.unlink("nvidia-cuda-mps-control.pid")
+    except FileNotFoundError:
+        pass
+    with open("nvidia-cuda-mps-control.pid", "w") as fh:
+        fh.write(pid + "\n")
+print(pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how", ["forge", "reuse", "container"])
+def test_a_pid_file_from_the_pipe_directory_names_only_roots_daemon(open_dir, how):  # noqa: F811
+    """The pipe directory is bind-mounted into client containers: ``nobody`` there, in a
+    process named like the daemon, forges the pid file (``forge``), or takes the pid a
+    dead daemon's stale pid file names (``reuse``); so does root in its own PID namespace
+    (``container``: a root container writes root's files). It was taken for the daemon:
+    containers were admitted with the daemon down, and ``stop`` waited on that process."""
+    from nvshim.mps.enforce import SharingError, check_daemon
+
+    ctx = _build(pathlib.Path(open_dir), fake_mps_control.extra_files())
+    forger = None
+    try:
+        assert ctx.nvshim("mps", "start", "--gpu", "0").returncode == 0
+        pipe = ctx.dirs(GPU0)[0]
+        os.chown(pipe, 65534, 65534)  # the container's process may write here
+        os.kill(ctx.pid(GPU0), signal.SIGKILL)  # the daemon died
+        who = ["unshare", "--pid", "--fork", "--kill-child"] if how == "container" else NOBODY
+        forger = subprocess.Popen(
+            [*who, SYSTEM_PYTHON, "-c", FORGE, how], cwd=pipe, stdout=subprocess.PIPE
+        )
+        pid = int(forger.stdout.readline())
+        if how != "forge":  # root's stale pid file: the dead daemon's pid is theirs now
+            pathlib.Path(pipe, "nvidia-cuda-mps-control.pid").write_text(f"{pid}\n")
+        assert ctx.pid(GPU0) == pid
+        with pytest.raises(SharingError, match="its MPS control daemon is not running"):
+            check_daemon(ctx.root, GPU0, "fail")
+        status = json.loads(ctx.nvshim("mps", "status", "--json", "--gpu", "0").stdout)
+        assert [(d["running"], d["pid"]) for d in status["daemons"]] == [(False, None)]
+        stop = ctx.nvshim("mps", "stop", "--gpu", "0")
+        assert stop.returncode == 0, stop.stderr
+        assert ctx.mode(GPU0) == compute.DEFAULT
+        assert _alive(pid)
+    finally:
+        if forger is not None:
+            forger.kill()
+            forger.wait()
         _cleanup(ctx)

@@ -95,62 +95,53 @@ def daemon_dirs(mps_root: str, uuid: str) -> DaemonDirs:
 
 
 def read_pid_file(pipe_dir: str) -> int | None:
-    """The pid named by the pid file in ``pipe_dir`` (never following a symlink)."""
-    try:
-        fd = os.open(
-            os.path.join(pipe_dir, PID_FILE),
-            os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-        )
-    except OSError:
-        return None
-    try:
-        if not _is_regular(fd):
-            return None
-        text = os.read(fd, MAX_PID_FILE + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    text = text.strip()
-    if len(text) > MAX_PID_FILE or not text.isdigit():
+    """The pid named by the pid file in ``pipe_dir`` when root's daemon could have
+    written it: a regular file (no symlink followed) of this user's that no other can
+    write (``nvshim.trusted.read_trusted``). Client containers write in the pipe
+    directory: a pid file of theirs names no daemon."""
+    from nvshim.trusted import read_trusted
+
+    text = (read_trusted(os.path.join(pipe_dir, PID_FILE), MAX_PID_FILE) or b"").strip()
+    if not text.isdigit():
         return None
     pid = int(text)
     return pid if pid > 0 else None
 
 
-def _is_regular(fd: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(os.fstat(fd).st_mode)
-
-
-def _proc_stat(pid: int) -> tuple[str, str] | None:
-    """``(comm, state)`` of a process from ``/proc/<pid>/stat``; None when it is gone."""
+def _proc_status(pid: int) -> tuple[str, str, int, bool] | None:
+    """``(name, state, effective uid, here)`` of a process from ``/proc/<pid>/status``:
+    the uid of its credentials (``/proc/<pid>``'s owner is root for a non-dumpable
+    process), and whether it is in this PID namespace (``NSpid`` names no deeper one: not
+    a container's). None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            text = fh.read(1024).decode("utf-8", "replace")
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            text = fh.read(4096).decode("utf-8", "replace")
     except OSError:
         return None
-    head, _, tail = text.rpartition(")")
-    comm = head.partition("(")[2]
-    state = tail.split()[0] if tail.split() else "?"
-    return comm, state
+    fields = dict(line.partition(":")[::2] for line in text.splitlines())
+    try:
+        euid = int(fields["Uid"].split()[1])
+        here = len(fields["NSpid"].split()) == 1
+        return fields["Name"].strip(), fields["State"].split()[0], euid, here
+    except (KeyError, IndexError, ValueError):
+        return None
 
 
 def daemon_pid(pipe_dir: str) -> int | None:
     """The pid of the control daemon of ``pipe_dir`` when it is running, else None.
 
     Running means: the pid file names a process that exists in ``/proc``, is not a zombie,
-    and is an MPS control daemon (its name starts with ``nvidia-cuda-mps``), so a stale pid
-    file whose pid was reused by another program does not count.
+    runs as this user (root) in this PID namespace (a container's process, named like the
+    daemon, that took a dead daemon's pid is not it) and is an MPS control daemon (its
+    name starts with ``nvidia-cuda-mps``), so a stale pid file whose pid was reused does
+    not count.
     """
     pid = read_pid_file(pipe_dir)
-    if pid is None:
+    status = None if pid is None else _proc_status(pid)
+    if status is None or status[1] in ("Z", "X", "x"):
         return None
-    stat = _proc_stat(pid)
-    if stat is None or stat[1] in ("Z", "X", "x"):
-        return None
-    return pid if stat[0].startswith(CONTROL_BINARY[:15]) else None
+    name, _, euid, here = status
+    return pid if name.startswith(CONTROL_BINARY[:15]) and euid == os.geteuid() and here else None
 
 
 def process_start_time(pid: int) -> int | None:
@@ -198,8 +189,8 @@ def wait_pidfd(fd: int, timeout: float) -> bool:
 
 def is_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
-    stat = _proc_stat(pid)
-    return stat is not None and stat[1] not in ("Z", "X", "x")
+    status = _proc_status(pid)
+    return status is not None and status[1] not in ("Z", "X", "x")
 
 
 def control_binary(host: Host) -> str:
@@ -352,6 +343,7 @@ def _spawn_daemon(binary: str, env: dict[str, str], dirs: DaemonDirs, timeout: f
             os.close(err_r)
             os.chdir("/")
             os.setsid()  # the daemon's own session: nothing of the caller's reaches it
+            os.umask(0o022)  # a pid file no other user can write: read_pid_file trusts it
             _enter_private_shm(libc, dirs.shm)
             out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
             null = os.open(os.devnull, os.O_RDONLY)

@@ -9,9 +9,11 @@ server share POSIX shared memory without any container seeing the host's ``/dev/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 
 from nvshim.errors import NvshimError
 from nvshim.host.model import Host
@@ -28,6 +30,7 @@ SHM_SOURCE = "nvshim-mps-shm"  # the source of each device's shm tmpfs in the mo
 STATE_FILE = "state.json"
 START_OUTPUT = "nvshim-start.out"
 MAX_PID_FILE = 64
+VIEW_ENTRIES = 256  # entries of a pipe directory a control client's view takes at most
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 _CLONE_NEWNS = 0x00020000
@@ -238,24 +241,76 @@ def daemon_env(host: Host, dirs: DaemonDirs, uuid: str) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def _client_view(pipe_dir: str) -> Iterator[str]:
+    """A new directory beside ``pipe_dir`` (in the device's directory: root's alone)
+    holding hard links to the sockets and regular files of root's in ``pipe_dir``, for a
+    control client to use as its pipe directory; removed after. Client containers write
+    in ``pipe_dir``: a ``control`` symlink of theirs to another daemon's socket sent
+    root's commands (``quit``) there."""
+    try:
+        pfd = os.open(pipe_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise NvshimError(f"{pipe_dir}: {err.strerror}") from None
+    try:
+        import tempfile
+
+        from nvshim.fsutil import remove_tree
+
+        view = tempfile.mkdtemp(prefix=".client-", dir=os.path.dirname(pipe_dir))
+        try:
+            _link_roots_entries(pfd, view)
+            yield view
+        finally:
+            remove_tree(view)
+    finally:
+        os.close(pfd)
+
+
+def _link_roots_entries(pfd: int, view: str) -> None:
+    """Hard-link into ``view`` the first ``VIEW_ENTRIES`` entries of directory ``pfd``
+    that are sockets or regular files of this user's, writable by no other. Each is
+    linked as it is (no symlink followed), then looked at in ``view``, where nobody else
+    can swap it."""
+    import itertools
+    import stat
+
+    vfd = os.open(view, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with os.scandir(pfd) as entries:
+            for name in itertools.islice((e.name for e in entries), VIEW_ENTRIES):
+                try:
+                    os.link(name, name, src_dir_fd=pfd, dst_dir_fd=vfd, follow_symlinks=False)
+                    st = os.stat(name, dir_fd=vfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                kind = stat.S_ISSOCK(st.st_mode) or stat.S_ISREG(st.st_mode)
+                if not kind or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                    os.unlink(name, dir_fd=vfd)
+    finally:
+        os.close(vfd)
+
+
 def run_control(
     binary: str, env: dict[str, str], commands: list[str], timeout: float = COMMAND_TIMEOUT
 ) -> str:
-    """Send ``commands`` to a daemon through the client form; its stdout, stripped."""
+    """Send ``commands`` to a daemon through the client form, in a view of its pipe
+    directory (``_client_view``); its stdout, stripped."""
     import subprocess
 
     text = "".join(c + "\n" for c in commands)
     try:
-        proc = subprocess.run(
-            [binary],
-            input=text,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout,
-            cwd="/",
-            check=False,
-        )
+        with _client_view(env["CUDA_MPS_PIPE_DIRECTORY"]) as view:
+            proc = subprocess.run(
+                [binary],
+                input=text,
+                capture_output=True,
+                text=True,
+                env={**env, "CUDA_MPS_PIPE_DIRECTORY": view},
+                timeout=timeout,
+                cwd="/",
+                check=False,
+            )
     except subprocess.TimeoutExpired:
         raise NvshimError(
             f"MPS control daemon of {env['CUDA_MPS_PIPE_DIRECTORY']}: no answer within {timeout:g}s"
@@ -433,6 +488,20 @@ def _make_dirs(dirs: DaemonDirs) -> None:
             raise NvshimError(f"{path}: not a directory")
 
 
+def _empty_pipe(pipe_dir: str) -> None:
+    """Remove what is in the pipe directory of a daemon about to start (no daemon of
+    root's runs there): client containers of an earlier one write there, and root's
+    daemon writes its pid file and sockets by name (a symlink left as the pid file had it
+    write its pid into a host file). The directory stays: those containers reach the new
+    daemon through it."""
+    from nvshim.fsutil import empty_dir
+
+    try:
+        empty_dir(pipe_dir)
+    except OSError as err:
+        raise NvshimError(f"{pipe_dir}: cannot empty: {err.strerror}") from None
+
+
 # ---- start / stop / status ----------------------------------------------------------------
 
 
@@ -488,6 +557,7 @@ def start_daemon(
         result.running, result.pid, result.action = True, pid, "already running"
         _fill_health(result, binary, env, timeout)
         return result
+    _empty_pipe(dirs.pipe)
     state = _read_state(dirs)
     undo = []
     try:

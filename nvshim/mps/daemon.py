@@ -269,9 +269,9 @@ def _client_view(pipe_dir: str) -> Iterator[str]:
 
 def _link_roots_entries(pfd: int, view: str) -> None:
     """Hard-link into ``view`` the first ``VIEW_ENTRIES`` entries of directory ``pfd``
-    that are sockets or regular files of this user's, writable by no other. Each is
-    linked as it is (no symlink followed), then looked at in ``view``, where nobody else
-    can swap it."""
+    that are this user's sockets, or regular files of this user's no other can write.
+    Each is linked as it is (no symlink followed), then looked at in ``view``, where
+    nobody else can swap it."""
     import itertools
     import stat
 
@@ -284,8 +284,9 @@ def _link_roots_entries(pfd: int, view: str) -> None:
                     st = os.stat(name, dir_fd=vfd, follow_symlinks=False)
                 except OSError:
                     continue
-                kind = stat.S_ISSOCK(st.st_mode) or stat.S_ISREG(st.st_mode)
-                if not kind or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                # a socket's write bits only let others connect (clients do)
+                regular = stat.S_ISREG(st.st_mode) and not st.st_mode & 0o022
+                if not (regular or stat.S_ISSOCK(st.st_mode)) or st.st_uid != os.geteuid():
                     os.unlink(name, dir_fd=vfd)
     finally:
         os.close(vfd)

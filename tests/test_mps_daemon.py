@@ -312,7 +312,8 @@ def test_a_pid_file_from_the_pipe_directory_names_only_roots_daemon(open_dir, ho
     process named like the daemon, forges the pid file (``forge``), or takes the pid a
     dead daemon's stale pid file names (``reuse``); so does root in its own PID namespace
     (``container``: a root container writes root's files). It was taken for the daemon:
-    containers were admitted with the daemon down, and ``stop`` waited on that process."""
+    containers were admitted with the daemon down, ``status`` showed it running, and
+    ``stop`` failed, the GPU left in EXCLUSIVE_PROCESS."""
     from nvshim.mps.enforce import SharingError, check_daemon
 
     ctx = _build(pathlib.Path(open_dir), fake_mps_control.extra_files())

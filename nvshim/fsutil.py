@@ -149,3 +149,58 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+TREE_DEPTH = 64  # directory levels remove_tree goes down (deeper ones stay)
+
+
+def remove_tree(top: str) -> None:
+    """Remove ``top`` and what it holds through directory fds, never following a symlink
+    nor resolving a path below ``top`` again (a container writes in its MPS pipe
+    directory: a directory there swapped for a symlink to a host directory had that
+    directory's files removed), never crossing into a mount point (an MPS daemon's
+    ``/dev/shm`` that failed to unmount stays, with the directories above it)."""
+    parent = os.open(os.path.dirname(top), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _remove_at(parent, os.path.basename(top), TREE_DEPTH)
+    finally:
+        os.close(parent)
+
+
+def empty_dir(path: str) -> None:
+    """Remove what directory ``path`` (no symlink) holds as :func:`remove_tree` does,
+    keeping the directory itself (its inode: what bind mounts of it show)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for name in os.listdir(fd):
+            _remove_at(fd, name, TREE_DEPTH)
+    finally:
+        os.close(fd)
+
+
+def _remove_at(dir_fd: int, name: str, depth: int) -> None:
+    """Remove ``name`` in directory ``dir_fd``: a directory on the same file system with
+    what it holds (``depth`` levels), anything else (a symlink too) by unlinking it."""
+    import errno
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno in (errno.ENOTDIR, errno.ELOOP):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass
+        return
+    try:
+        if depth <= 0 or os.fstat(fd).st_dev != os.fstat(dir_fd).st_dev:
+            return  # a mount point, or too deep: kept
+        for entry in os.listdir(fd):
+            _remove_at(fd, entry, depth - 1)
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=dir_fd)  # a symlink swapped in meanwhile: ENOTDIR, kept
+    except OSError:
+        pass

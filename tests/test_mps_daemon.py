@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from nvshim.mps import compute
 from tests.conftest import run_nvshim
 from tests.sim import fake_mps_control
 from tests.sim.simhost import SimHost, build_host
+from tests.test_runtime_races import NOBODY, SYSTEM_PYTHON, as_nobody, open_dir  # noqa: F401
 
 GPU0 = "GPU-92e91e7d-ffd7-601c-459e-d7fde767a1c6"
 GPU1 = "GPU-9d9231cf-dcd5-4b0e-0f9d-e8a86f92f3cc"
@@ -280,5 +282,115 @@ def test_a_failed_start_is_undone(tmp_path):
             proc.stderr
         )
         assert ctx.mode(GPU0) == compute.DEFAULT
+    finally:
+        _cleanup(ctx)
+
+
+# a container's process in the pipe directory (its cwd), named like the control daemon: it
+# puts its pid in the pid file (argv[1] "forge"), and prints it (the host's: NSpid's first)
+FORGE = r"""
+import os, sys, time
+with open("/proc/self/comm", "w") as fh:
+    fh.write("nvidia-cuda-mps")
+with open("/proc/self/status") as fh:
+    pid = next(line.split()[1] for line in fh if line.startswith("NSpid:"))
+if sys.argv[1] == "forge":
+    try:
+        os.unlink("nvidia-cuda-mps-control.pid")
+    except FileNotFoundError:
+        pass
+    with open("nvidia-cuda-mps-control.pid", "w") as fh:
+        fh.write(pid + "\n")
+print(pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how", ["forge", "reuse", "container"])
+def test_a_pid_file_from_the_pipe_directory_names_only_roots_daemon(open_dir, how):  # noqa: F811
+    """The pipe directory is bind-mounted into client containers: ``nobody`` there, in a
+    process named like the daemon, forges the pid file (``forge``), or takes the pid a
+    dead daemon's stale pid file names (``reuse``); so does root in its own PID namespace
+    (``container``: a root container writes root's files). It was taken for the daemon:
+    containers were admitted with the daemon down, ``status`` showed it running, and
+    ``stop`` failed, the GPU left in EXCLUSIVE_PROCESS."""
+    from nvshim.mps.enforce import SharingError, check_daemon
+
+    ctx = _build(pathlib.Path(open_dir), fake_mps_control.extra_files())
+    forger = None
+    try:
+        assert ctx.nvshim("mps", "start", "--gpu", "0").returncode == 0
+        pipe = ctx.dirs(GPU0)[0]
+        os.chown(pipe, 65534, 65534)  # the container's process may write here
+        os.kill(ctx.pid(GPU0), signal.SIGKILL)  # the daemon died
+        who = ["unshare", "--pid", "--fork", "--kill-child"] if how == "container" else NOBODY
+        forger = subprocess.Popen(
+            [*who, SYSTEM_PYTHON, "-c", FORGE, how], cwd=pipe, stdout=subprocess.PIPE
+        )
+        pid = int(forger.stdout.readline())
+        if how != "forge":  # root's stale pid file: the dead daemon's pid is theirs now
+            pathlib.Path(pipe, "nvidia-cuda-mps-control.pid").write_text(f"{pid}\n")
+        assert ctx.pid(GPU0) == pid
+        with pytest.raises(SharingError, match="its MPS control daemon is not running"):
+            check_daemon(ctx.root, GPU0, "fail")
+        status = json.loads(ctx.nvshim("mps", "status", "--json", "--gpu", "0").stdout)
+        assert [(d["running"], d["pid"]) for d in status["daemons"]] == [(False, None)]
+        stop = ctx.nvshim("mps", "stop", "--gpu", "0")
+        assert stop.returncode == 0, stop.stderr
+        assert ctx.mode(GPU0) == compute.DEFAULT
+        assert _alive(pid)
+    finally:
+        if forger is not None:
+            forger.kill()
+            forger.wait()
+        _cleanup(ctx)
+
+
+def test_commands_reach_only_the_socket_in_the_pipe_directory_never_a_symlink(open_dir):  # noqa: F811
+    """``nobody`` in GPU 0's clients swaps the daemon's control socket for a symlink to GPU
+    1's: ``nvshim mps status`` and ``stop`` of GPU 0 sent their commands (``quit``) to
+    GPU 1's daemon, another tenant's."""
+    ctx = _build(pathlib.Path(open_dir), fake_mps_control.extra_files())
+    try:
+        assert ctx.nvshim("mps", "start").returncode == 0
+        pipe0, pipe1 = ctx.dirs(GPU0)[0], ctx.dirs(GPU1)[0]
+        os.chown(pipe0, 65534, 65534)  # the container's process may write here
+        subprocess.run(
+            [*NOBODY, "sh", "-c", f"mv control was && ln -s {pipe1}/control control"],
+            cwd=pipe0, check=True,
+        )  # fmt: skip
+        sent = len(ctx.log(GPU1))
+        status = json.loads(ctx.nvshim("mps", "status", "--json", "--gpu", "0").stdout)
+        assert not status["daemons"][0]["healthy"]
+        stop = ctx.nvshim("mps", "stop", "--gpu", "0")
+        assert ctx.log(GPU1)[sent:] == []
+        assert _alive(ctx.pid(GPU1))
+        assert stop.returncode == 1 and "quit" in stop.stderr
+    finally:
+        _cleanup(ctx)
+
+
+def test_a_daemon_starts_in_a_pipe_directory_no_container_wrote_in(open_dir):  # noqa: F811
+    """Containers keep the pipe directory after their daemon stopped (``on-daemon-down =
+    "warn"`` mounts it too): ``nobody`` there leaves the pid file as a symlink to a host
+    file, and a socket of theirs as ``control``. Root's daemon, started there, wrote its
+    pid through the symlink: the host file was rewritten."""
+    ctx = _build(pathlib.Path(open_dir), fake_mps_control.extra_files())
+    victim = pathlib.Path(open_dir, "victim")
+    victim.write_text("host file\n")
+    try:
+        assert ctx.nvshim("mps", "start", "--gpu", "0").returncode == 0
+        assert ctx.nvshim("mps", "stop", "--gpu", "0").returncode == 0
+        pipe = ctx.dirs(GPU0)[0]
+        os.chown(pipe, 65534, 65534)  # the container's process may write here
+        as_nobody("ln", "-s", str(victim), os.path.join(pipe, "nvidia-cuda-mps-control.pid"))
+        as_nobody(SYSTEM_PYTHON, "-c", "import socket; socket.socket(1).bind('control')", cwd=pipe)
+        inode = os.stat(pipe).st_ino
+        start = ctx.nvshim("mps", "start", "--gpu", "0")
+        assert victim.read_text() == "host file\n"
+        assert start.returncode == 0, start.stderr
+        assert sorted(os.listdir(pipe)) == ["control", "nvidia-cuda-mps-control.pid"]
+        assert os.stat(os.path.join(pipe, "control")).st_uid == 0
+        assert os.stat(pipe).st_ino == inode  # the containers' mounts reach the new daemon
     finally:
         _cleanup(ctx)

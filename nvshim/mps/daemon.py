@@ -9,9 +9,11 @@ server share POSIX shared memory without any container seeing the host's ``/dev/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 
 from nvshim.errors import NvshimError
 from nvshim.host.model import Host
@@ -28,6 +30,7 @@ SHM_SOURCE = "nvshim-mps-shm"  # the source of each device's shm tmpfs in the mo
 STATE_FILE = "state.json"
 START_OUTPUT = "nvshim-start.out"
 MAX_PID_FILE = 64
+VIEW_ENTRIES = 256  # entries of a pipe directory a control client's view takes at most
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 _CLONE_NEWNS = 0x00020000
@@ -95,62 +98,53 @@ def daemon_dirs(mps_root: str, uuid: str) -> DaemonDirs:
 
 
 def read_pid_file(pipe_dir: str) -> int | None:
-    """The pid named by the pid file in ``pipe_dir`` (never following a symlink)."""
-    try:
-        fd = os.open(
-            os.path.join(pipe_dir, PID_FILE),
-            os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-        )
-    except OSError:
-        return None
-    try:
-        if not _is_regular(fd):
-            return None
-        text = os.read(fd, MAX_PID_FILE + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    text = text.strip()
-    if len(text) > MAX_PID_FILE or not text.isdigit():
+    """The pid named by the pid file in ``pipe_dir`` when root's daemon could have
+    written it: a regular file (no symlink followed) of this user's that no other can
+    write (``nvshim.trusted.read_trusted``). Client containers write in the pipe
+    directory: a pid file of theirs names no daemon."""
+    from nvshim.trusted import read_trusted
+
+    text = (read_trusted(os.path.join(pipe_dir, PID_FILE), MAX_PID_FILE) or b"").strip()
+    if not text.isdigit():
         return None
     pid = int(text)
     return pid if pid > 0 else None
 
 
-def _is_regular(fd: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(os.fstat(fd).st_mode)
-
-
-def _proc_stat(pid: int) -> tuple[str, str] | None:
-    """``(comm, state)`` of a process from ``/proc/<pid>/stat``; None when it is gone."""
+def _proc_status(pid: int) -> tuple[str, str, int, bool] | None:
+    """``(name, state, effective uid, here)`` of a process from ``/proc/<pid>/status``:
+    the uid of its credentials (``/proc/<pid>``'s owner is root for a non-dumpable
+    process), and whether it is in this PID namespace (``NSpid`` names no deeper one: not
+    a container's). None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            text = fh.read(1024).decode("utf-8", "replace")
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            text = fh.read(4096).decode("utf-8", "replace")
     except OSError:
         return None
-    head, _, tail = text.rpartition(")")
-    comm = head.partition("(")[2]
-    state = tail.split()[0] if tail.split() else "?"
-    return comm, state
+    fields = dict(line.partition(":")[::2] for line in text.splitlines())
+    try:
+        euid = int(fields["Uid"].split()[1])
+        here = len(fields["NSpid"].split()) == 1
+        return fields["Name"].strip(), fields["State"].split()[0], euid, here
+    except (KeyError, IndexError, ValueError):
+        return None
 
 
 def daemon_pid(pipe_dir: str) -> int | None:
     """The pid of the control daemon of ``pipe_dir`` when it is running, else None.
 
     Running means: the pid file names a process that exists in ``/proc``, is not a zombie,
-    and is an MPS control daemon (its name starts with ``nvidia-cuda-mps``), so a stale pid
-    file whose pid was reused by another program does not count.
+    runs as this user (root) in this PID namespace (a container's process, named like the
+    daemon, that took a dead daemon's pid is not it) and is an MPS control daemon (its
+    name starts with ``nvidia-cuda-mps``), so a stale pid file whose pid was reused does
+    not count.
     """
     pid = read_pid_file(pipe_dir)
-    if pid is None:
+    status = None if pid is None else _proc_status(pid)
+    if status is None or status[1] in ("Z", "X", "x"):
         return None
-    stat = _proc_stat(pid)
-    if stat is None or stat[1] in ("Z", "X", "x"):
-        return None
-    return pid if stat[0].startswith(CONTROL_BINARY[:15]) else None
+    name, _, euid, here = status
+    return pid if name.startswith(CONTROL_BINARY[:15]) and euid == os.geteuid() and here else None
 
 
 def process_start_time(pid: int) -> int | None:
@@ -198,8 +192,8 @@ def wait_pidfd(fd: int, timeout: float) -> bool:
 
 def is_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
-    stat = _proc_stat(pid)
-    return stat is not None and stat[1] not in ("Z", "X", "x")
+    status = _proc_status(pid)
+    return status is not None and status[1] not in ("Z", "X", "x")
 
 
 def control_binary(host: Host) -> str:
@@ -247,24 +241,77 @@ def daemon_env(host: Host, dirs: DaemonDirs, uuid: str) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def _client_view(pipe_dir: str) -> Iterator[str]:
+    """A new directory beside ``pipe_dir`` (in the device's directory: root's alone)
+    holding hard links to the sockets and regular files of root's in ``pipe_dir``, for a
+    control client to use as its pipe directory; removed after. Client containers write
+    in ``pipe_dir``: a ``control`` symlink of theirs to another daemon's socket sent
+    root's commands (``quit``) there."""
+    try:
+        pfd = os.open(pipe_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise NvshimError(f"{pipe_dir}: {err.strerror}") from None
+    try:
+        import tempfile
+
+        from nvshim.fsutil import remove_tree
+
+        view = tempfile.mkdtemp(prefix=".client-", dir=os.path.dirname(pipe_dir))
+        try:
+            _link_roots_entries(pfd, view)
+            yield view
+        finally:
+            remove_tree(view)
+    finally:
+        os.close(pfd)
+
+
+def _link_roots_entries(pfd: int, view: str) -> None:
+    """Hard-link into ``view`` the first ``VIEW_ENTRIES`` entries of directory ``pfd``
+    that are this user's sockets, or regular files of this user's no other can write.
+    Each is linked as it is (no symlink followed), then looked at in ``view``, where
+    nobody else can swap it."""
+    import itertools
+    import stat
+
+    vfd = os.open(view, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with os.scandir(pfd) as entries:
+            for name in itertools.islice((e.name for e in entries), VIEW_ENTRIES):
+                try:
+                    os.link(name, name, src_dir_fd=pfd, dst_dir_fd=vfd, follow_symlinks=False)
+                    st = os.stat(name, dir_fd=vfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                # a socket's write bits only let others connect (clients do)
+                regular = stat.S_ISREG(st.st_mode) and not st.st_mode & 0o022
+                if not (regular or stat.S_ISSOCK(st.st_mode)) or st.st_uid != os.geteuid():
+                    os.unlink(name, dir_fd=vfd)
+    finally:
+        os.close(vfd)
+
+
 def run_control(
     binary: str, env: dict[str, str], commands: list[str], timeout: float = COMMAND_TIMEOUT
 ) -> str:
-    """Send ``commands`` to a daemon through the client form; its stdout, stripped."""
+    """Send ``commands`` to a daemon through the client form, in a view of its pipe
+    directory (``_client_view``); its stdout, stripped."""
     import subprocess
 
     text = "".join(c + "\n" for c in commands)
     try:
-        proc = subprocess.run(
-            [binary],
-            input=text,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout,
-            cwd="/",
-            check=False,
-        )
+        with _client_view(env["CUDA_MPS_PIPE_DIRECTORY"]) as view:
+            proc = subprocess.run(
+                [binary],
+                input=text,
+                capture_output=True,
+                text=True,
+                env={**env, "CUDA_MPS_PIPE_DIRECTORY": view},
+                timeout=timeout,
+                cwd="/",
+                check=False,
+            )
     except subprocess.TimeoutExpired:
         raise NvshimError(
             f"MPS control daemon of {env['CUDA_MPS_PIPE_DIRECTORY']}: no answer within {timeout:g}s"
@@ -352,6 +399,7 @@ def _spawn_daemon(binary: str, env: dict[str, str], dirs: DaemonDirs, timeout: f
             os.close(err_r)
             os.chdir("/")
             os.setsid()  # the daemon's own session: nothing of the caller's reaches it
+            os.umask(0o022)  # a pid file no other user can write: read_pid_file trusts it
             _enter_private_shm(libc, dirs.shm)
             out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
             null = os.open(os.devnull, os.O_RDONLY)
@@ -441,6 +489,20 @@ def _make_dirs(dirs: DaemonDirs) -> None:
             raise NvshimError(f"{path}: not a directory")
 
 
+def _empty_pipe(pipe_dir: str) -> None:
+    """Remove what is in the pipe directory of a daemon about to start (no daemon of
+    root's runs there): client containers of an earlier one write there, and root's
+    daemon writes its pid file and sockets by name (a symlink left as the pid file had it
+    write its pid into a host file). The directory stays: those containers reach the new
+    daemon through it."""
+    from nvshim.fsutil import empty_dir
+
+    try:
+        empty_dir(pipe_dir)
+    except OSError as err:
+        raise NvshimError(f"{pipe_dir}: cannot empty: {err.strerror}") from None
+
+
 # ---- start / stop / status ----------------------------------------------------------------
 
 
@@ -496,6 +558,7 @@ def start_daemon(
         result.running, result.pid, result.action = True, pid, "already running"
         _fill_health(result, binary, env, timeout)
         return result
+    _empty_pipe(dirs.pipe)
     state = _read_state(dirs)
     undo = []
     try:

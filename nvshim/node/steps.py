@@ -125,44 +125,6 @@ def settle_files(s: NodeSettings, say: Say, wait: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-TREE_DEPTH = 64  # directory levels _remove_tree goes down (deeper ones stay)
-
-
-def _remove_tree(top: str) -> None:
-    """Remove ``top`` and what it holds through directory fds, never following a symlink
-    nor resolving a path below ``top`` again (a container writes in its MPS pipe
-    directory: a directory there swapped for a symlink to a host directory had that
-    directory's files removed), never crossing into a mount point (an MPS daemon's
-    ``/dev/shm`` that failed to unmount stays, with the directories above it)."""
-    parent = os.open(os.path.dirname(top), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _remove_at(parent, os.path.basename(top), TREE_DEPTH)
-    finally:
-        os.close(parent)
-
-
-def _remove_at(dir_fd: int, name: str, depth: int) -> None:
-    """Remove ``name`` in directory ``dir_fd``: a directory on the same file system with
-    what it holds (``depth`` levels), anything else (a symlink too) by unlinking it."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
-    except OSError as err:
-        if err.errno in (errno.ENOTDIR, errno.ELOOP):
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dir_fd)
-        return
-    try:
-        if depth <= 0 or os.fstat(fd).st_dev != os.fstat(dir_fd).st_dev:
-            return  # a mount point, or too deep: kept
-        for entry in os.listdir(fd):
-            _remove_at(fd, entry, depth - 1)
-    finally:
-        os.close(fd)
-    with contextlib.suppress(OSError):
-        os.rmdir(name, dir_fd=dir_fd)  # a symlink swapped in meanwhile: ENOTDIR, kept
-
-
 def clean_run_dirs(s: NodeSettings, say: Say) -> None:
     """Remove nvshim's caches on the host (the inventory directory and the cache directory,
     both ``/run/nvshim`` by default: docs/configuration.md#directories); the node lock file
@@ -171,6 +133,7 @@ def clean_run_dirs(s: NodeSettings, say: Say) -> None:
     pass-through removes them with itself. A directory another user could change
     (``nvshim.trusted.open_trusted_dir`` of its path under the host root, no symlink
     followed: where nvshim writes nothing) is left as it is, with a warning."""
+    from nvshim.fsutil import remove_tree
     from nvshim.node.leftover import users
     from nvshim.runtime import MARKER_DIR
     from nvshim.trusted import DEFAULT_CACHE_DIR, UntrustedDir, open_trusted_dir
@@ -194,7 +157,7 @@ def clean_run_dirs(s: NodeSettings, say: Say) -> None:
             if path in keep:
                 continue
             if os.path.isdir(path) and not os.path.islink(path):
-                _remove_tree(path)
+                remove_tree(path)
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)

@@ -133,3 +133,15 @@ def run_nvshim(*args: str, env: dict | None = None, check: bool = False, **kw):
     return subprocess.run(
         [NVSHIM, *args], capture_output=True, text=True, env=full_env, check=check, **kw
     )
+
+
+def sh_in_private_mounts(script: str, **env: str) -> subprocess.CompletedProcess:
+    """``sh -c script`` in a mount namespace of its own (what it mounts goes with it),
+    with ``env`` over this environment and ``NVSHIM_CONFIG=/dev/null``; text output
+    captured."""
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NVSHIM_CONFIG": os.devnull, **env},
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 
 import pytest
 import yaml
@@ -268,7 +267,7 @@ UNWRITABLE = {
 def test_an_output_that_cannot_be_written_is_named(sim_hosts, tmp_path, case):
     """The line names -o's path (not the temporary file beside it); no temporary file or
     directory made for it is left."""
-    from tests.conftest import NVSHIM
+    from tests.conftest import NVSHIM, sh_in_private_mounts
 
     setup, name, why = UNWRITABLE[case]
     sim = sim_hosts("single")
@@ -282,12 +281,7 @@ def test_an_output_that_cannot_be_written_is_named(sim_hosts, tmp_path, case):
         f"{setup or 'true'} 2>/dev/null && {NVSHIM} cdi generate --driver-root {sim.driver_root}"
         f" --dev-root {sim.dev_root} -o {out}; echo rc=$?; ls -A $MNT"
     )
-    proc = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NVSHIM_CONFIG": os.devnull, "MNT": str(mnt), "EMPTY": str(empty)},
-    )
+    proc = sh_in_private_mounts(script, MNT=str(mnt), EMPTY=str(empty))
     assert proc.stderr == f"nvshim: error: {out}: {why}\n"
     left = {"a directory": ["spec.yaml"], "a full file system": ["fill"]}.get(case, [])
     assert proc.stdout.split() == ["rc=1", *left]

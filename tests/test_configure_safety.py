@@ -549,25 +549,14 @@ def test_a_full_file_system_leaves_the_config_and_no_backup_or_record(tmp_path, 
     """ENOSPC part way: one line naming the file that could not be written, exit 1, and
     the config's bytes, mode and owner as they were, with no backup, record, lock or
     temporary file left beside it."""
-    from tests.conftest import NVSHIM
+    from tests.conftest import NVSHIM, sh_in_private_mounts
 
     src = tmp_path / "src.toml"
     src.write_text(V16)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    env = {
-        **os.environ,
-        "DIR": str(mnt),
-        "SRC": str(src),
-        "FREE": str(free_kib),
-        "NVSHIM": NVSHIM,
-        "NVSHIM_CONFIG": os.devnull,
-    }
-    done = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", FULL_FS],
-        capture_output=True,
-        text=True,
-        env=env,
+    done = sh_in_private_mounts(
+        FULL_FS, DIR=str(mnt), SRC=str(src), FREE=str(free_kib), NVSHIM=NVSHIM
     )
     assert done.stderr == f"nvshim: error: {mnt}/{failed}: No space left on device\n"
     rc, listing, owner, digest = done.stdout.splitlines()
@@ -605,7 +594,7 @@ def test_unconfigure_removes_the_directories_configure_made(tmp_path, capsys):
 def test_a_read_only_file_system_names_the_config(tmp_path):
     """A config on a read-only mount: the line starts with the config's path (it named
     only the lock file nvshim makes beside it) and the file stays as it was."""
-    from tests.conftest import NVSHIM
+    from tests.conftest import NVSHIM, sh_in_private_mounts
 
     src, mnt = tmp_path / "src", tmp_path / "mnt"
     src.mkdir()
@@ -616,12 +605,7 @@ def test_a_read_only_file_system_names_the_config(tmp_path):
         f"mount --bind -o ro {src} {mnt} && {NVSHIM} configure --engine containerd"
         f" --engine-config {config}"
     )
-    done = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NVSHIM_CONFIG": os.devnull},
-    )
+    done = sh_in_private_mounts(script)
     assert done.returncode == 1
     assert done.stderr == (
         f"nvshim: error: {config}: cannot create its lock {config}.nvshim.lock:"

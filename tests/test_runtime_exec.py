@@ -135,6 +135,27 @@ def test_runc_exec_gets_the_first_process_variables(containers, gpu, shared):
     assert open(path, "rb").read() == before  # the engine's file is never written
 
 
+@pytest.mark.parametrize(
+    "hostile, why",
+    [
+        (b',"pad":"' + b"x" * (4 << 20) + b'"}', b"larger than"),  # Go reads any size
+        (b',"pad":"\xff"}', b"invalid JSON"),  # Go's decoder takes invalid UTF-8
+        (b',"Env":["CUDA_VISIBLE_DEVICES=all"]}', b"an env field"),  # Go: the last wins
+    ],
+    ids=["oversize", "not-utf8", "env-case"],
+)
+def test_process_file_runc_reads_otherwise_is_refused(containers, hostile, why):
+    """A process file nvshim cannot edit exactly as runc reads it was handed on as it
+    was: the exec ran with the caller's CUDA_VISIBLE_DEVICES and no CUDA_MPS_* at all."""
+    cid = containers.start({"NVIDIA_VISIBLE_DEVICES": GPU1})
+    path = containers.process_file(["PATH=/bin", "CUDA_VISIBLE_DEVICES=all"])
+    data = open(path, "rb").read().rstrip()
+    open(path, "wb").write(data[:-1] + hostile)
+    proc = containers.call("exec", "-p", path, cid, check=False)
+    assert proc.returncode != 0 and "CUDA_VISIBLE_DEVICES=all" not in proc.stdout
+    assert f"{path}: {why.decode()}" in proc.stderr
+
+
 def test_unprepared_container_process_file_untouched(containers):
     cid = containers.start({"CUDA_VISIBLE_DEVICES": "all"})  # asks for no GPU
     assert not os.path.exists(os.path.join(os.environ["NVSHIM_CACHE_DIR"], "exec", cid))

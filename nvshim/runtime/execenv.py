@@ -128,6 +128,29 @@ def _form(argv: list[str], flag) -> str:
     return argv[flag.start].lstrip("-").split("=", 1)[0]
 
 
+def _process_object(path: str, data: bytes) -> dict:
+    """The process file's object; NvshimError for one nvshim cannot edit exactly as runc
+    reads it (runc would run it as it is, the enforced variables lost): larger than
+    ``MAX_PROCESS``, not UTF-8 (Go's decoder takes it), not a JSON object, or with an
+    env key in another case (Go matches field names case-insensitively, the last wins)."""
+    why = None
+    if len(data) > MAX_PROCESS:
+        why = f"larger than {MAX_PROCESS} bytes"
+    else:
+        try:
+            process = fastjson.loads(data)
+        except (ValueError, RecursionError) as err:
+            why = f"invalid JSON: {err}"
+        else:
+            if not isinstance(process, dict):
+                why = "not a JSON object"
+            elif any(k != "env" and k.lower() == "env" for k in process):
+                why = "an env field spelt in another case"
+    if why is not None:
+        raise NvshimError(f"{path}: {why}")
+    return process
+
+
 def rewrite_exec(args, argv: list[str]) -> tuple[list[str], list[int]]:
     """``argv`` of an ``exec`` call with the enforced variables added (unchanged, the
     same list, for a container nvshim did not prepare), and the fds that argv names:
@@ -143,11 +166,9 @@ def rewrite_exec(args, argv: list[str]) -> tuple[list[str], list[int]]:
         try:
             with open(path, "rb") as fh:
                 data = fh.read(MAX_PROCESS + 1)
-            process = fastjson.loads(data) if len(data) <= MAX_PROCESS else None
-        except (OSError, ValueError):
+        except OSError:
             return argv, []  # runc reports the unreadable file itself
-        if not isinstance(process, dict):
-            return argv, []
+        process = _process_object(path, data)
         env = process.get("env")
         env = [e for e in env if isinstance(e, str)] if isinstance(env, list) else []
         process["env"] = merge_env(env, exec_env(env, entries, uuids))

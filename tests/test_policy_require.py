@@ -308,3 +308,14 @@ def test_failure_message_stays_bounded_for_long_conditions():
     with pytest.raises(RequirementError) as err:
         check_requirements({"NVIDIA_REQUIRE_CUDA": long_value}, "12.4", "550.54.14", [H100])
     assert len(str(err.value)) < 400
+
+
+def test_requirements_together_are_capped():
+    """Each variable under its own cap, thousands of them (a 16 MiB config.json holds
+    250 of 64 KiB) were all parsed and compared again for every device: seconds of a
+    worker's time per GPU. Now refused, naming the variables, before any is parsed."""
+    expr = "cuda>=" + ".".join(["1"] * 30000)  # holds: 12.4 >= 1.1.1...
+    requirements = {f"NVIDIA_REQUIRE_{i}": expr for i in range(5)}
+    with pytest.raises(RequirementError, match=r"NVIDIA_REQUIRE_\*: 5 variables, longer than"):
+        check_requirements(requirements, "12.4", "550.54.14", [H100] * 8)
+    check_requirements(dict(list(requirements.items())[:4]), "12.4", "550.54.14", [H100] * 8)

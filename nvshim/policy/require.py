@@ -21,6 +21,7 @@ from nvshim.record import record
 PROPERTIES = ("cuda", "driver", "arch", "brand")
 OPERATORS = ("<=", ">=", "!=", "<", ">", "=")  # longest first
 MAX_EXPRESSION = 64 * 1024
+MAX_TOTAL = 256 * 1024  # characters of all the variables together
 
 
 class RequirementError(NvshimError):
@@ -148,14 +149,23 @@ def check_requirements(
             f"host versions unusable for requirements: driver {_show(driver_version)}, "
             f"CUDA {_show(cuda_version)}"
         ) from None
+    total = sum(len(value) for value in requirements.values())
+    if total > MAX_TOTAL:
+        raise RequirementError(
+            f"NVIDIA_REQUIRE_*: {len(requirements)} variables, longer than {MAX_TOTAL} "
+            "characters together"
+        )
     cuda = cuda_version or newest
-    contexts: list[dict[str, str | None]] = [
-        {"cuda": cuda or None, "driver": driver_version, "arch": arch, "brand": brand}
-        for arch, brand in devices
-    ] or [{"cuda": cuda or None, "driver": driver_version, "arch": None, "brand": None}]
+    first: dict[tuple[str, str], int] = {}  # each device model once: its first position
+    for position, device in enumerate(devices):
+        first.setdefault(device, position)
+    contexts: list[tuple[int, dict[str, str | None]]] = [
+        (position, {"cuda": cuda or None, "driver": driver_version, "arch": a, "brand": b})
+        for (a, b), position in first.items()
+    ] or [(0, {"cuda": cuda or None, "driver": driver_version, "arch": None, "brand": None})]
     for name in sorted(requirements):
         requirement = parse_requirement(requirements[name], name)
-        for position, facts in enumerate(contexts):
+        for position, facts in contexts:
             if requirement.holds(facts):
                 continue
             failed = " or ".join(_describe(c, facts) for c in requirement.failures(facts))

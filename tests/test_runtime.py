@@ -333,10 +333,16 @@ def test_bad_requests_fail_with_one_line(h100, kwargs, needle):
     assert before == after
 
 
-def test_invalid_config_json_one_line(h100, tmp_path):
+# nested 5,000 deep: runc's Go decoder takes it (its limit is 10,000); Python's scanner
+# stops at its recursion limit, an error that named no input
+DEEP = '{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":' + "[" * 5000 + "]" * 5000 + "}"
+
+
+@pytest.mark.parametrize("text", ["{not json", DEEP], ids=["not-json", "deep"])
+def test_invalid_config_json_one_line(h100, tmp_path, text):
     bundle = tmp_path / "broken"
     bundle.mkdir()
-    (bundle / "config.json").write_text("{not json")
+    (bundle / "config.json").write_text(text)
     proc = subprocess.run(
         [h100.runtime, "--root", str(tmp_path / "st"), "create", "--bundle", str(bundle), "x"],
         capture_output=True,
@@ -345,7 +351,7 @@ def test_invalid_config_json_one_line(h100, tmp_path):
     )
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "config.json: invalid JSON" in proc.stderr
-    assert (bundle / "config.json").read_text() == "{not json"
+    assert (bundle / "config.json").read_text() == text
 
 
 def test_pass_through_is_runc(h100, tmp_path):

@@ -49,9 +49,9 @@ class Containers:
         assert not check or proc.returncode == 0, (argv, proc.stdout, proc.stderr)
         return proc
 
-    def start(self, env: dict[str, str]) -> str:
+    def start(self, env: dict[str, str], annotations: dict[str, str] | None = None) -> str:
         cid = f"exec-{os.getpid()}-{len(self.ids)}"
-        bundle = make_bundle(self.tmp, self.host.rootfs, SLEEP, env=env, name=cid)
+        bundle = make_bundle(self.tmp, self.host.rootfs, SLEEP, env, annotations, name=cid)
         log = open(self.tmp / f"{cid}.out", "w")
         created = subprocess.run(
             [self.runtime, "--root", self.root, "create", "--bundle", bundle, cid],
@@ -154,6 +154,19 @@ def test_process_file_runc_reads_otherwise_is_refused(containers, hostile, why):
     proc = containers.call("exec", "-p", path, cid, check=False)
     assert proc.returncode != 0 and "CUDA_VISIBLE_DEVICES=all" not in proc.stdout
     assert f"{path}: {why.decode()}" in proc.stderr
+
+
+def test_annotation_forging_a_label_refuses_exec(containers):
+    """runc keeps annotations as ``KEY=VALUE`` labels in Go's random map order: keys
+    holding ``=`` forge ``nvshim.io/exec-env`` labels, and the last one read won (30 of
+    them: nvshim's own came last 1 time in 31), the exec then without the enforced
+    variables."""
+    forged = {f'nvshim.io/exec-env=["A{i}': '1"]' for i in range(30)}
+    cid = containers.start({"NVIDIA_VISIBLE_DEVICES": GPU1}, forged)
+    path = containers.process_file(["PATH=/bin", "CUDA_VISIBLE_DEVICES=all"])
+    proc = containers.call("exec", "-p", path, cid, check=False)
+    assert proc.returncode != 0 and "CUDA_VISIBLE_DEVICES=all" not in proc.stdout
+    assert "annotation nvshim.io/exec-env given twice" in proc.stderr
 
 
 def test_unprepared_container_process_file_untouched(containers):

@@ -23,7 +23,7 @@ def read_json_object(stream, limit: int, what: str) -> dict[str, Any]:
         raise NvshimError(f"{what}: larger than {limit} bytes")
     try:
         data = fastjson.loads(raw)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:  # nested deeper than Python's stack
         raise NvshimError(f"{what}: invalid JSON: {err}") from None
     if not isinstance(data, dict):
         raise NvshimError(f"{what}: not a JSON object")

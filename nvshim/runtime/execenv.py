@@ -50,7 +50,10 @@ def runc_state(root: str, container_id: str) -> dict | None:
 
 
 def container_labels(root: str, container_id: str) -> dict[str, str] | None:
-    """The labels (annotations) runc keeps for ``container_id``, or None."""
+    """The labels (annotations) runc keeps for ``container_id``, or None. runc writes
+    each as ``KEY=VALUE``, in Go's random map order: an annotation whose key holds ``=``
+    (``nvshim.io/exec-env=["A`` = ``1"]``) gives a label that reads as one of nvshim's,
+    so one of nvshim's seen twice is an error."""
     state = runc_state(root, container_id)
     config = state.get("config") if state is not None else None
     labels = config.get("labels") if isinstance(config, dict) else None
@@ -60,6 +63,8 @@ def container_labels(root: str, container_id: str) -> dict[str, str] | None:
     for label in labels:
         if isinstance(label, str) and "=" in label:
             key, _, value = label.partition("=")
+            if key in out and key in (EXEC_ENV_ANNOTATION, INJECTED_ANNOTATION):
+                raise NvshimError(f"container {container_id}: annotation {key} given twice")
             out[key] = value
     return out
 

@@ -14,6 +14,7 @@ import os
 
 from nvshim import fastjson
 from nvshim.errors import NvshimError
+from nvshim.oci.bundle import read_json_object
 from nvshim.oci.modify import EXEC_ENV_ANNOTATION, INJECTED_ANNOTATION, merge_env
 
 MAX_STATE = 16 << 20
@@ -133,26 +134,19 @@ def _form(argv: list[str], flag) -> str:
     return argv[flag.start].lstrip("-").split("=", 1)[0]
 
 
-def _process_object(path: str, data: bytes) -> dict:
-    """The process file's object; NvshimError for one nvshim cannot edit exactly as runc
-    reads it (runc would run it as it is, the enforced variables lost): larger than
-    ``MAX_PROCESS``, not UTF-8 (Go's decoder takes it), not a JSON object, or with an
-    env key in another case (Go matches field names case-insensitively, the last wins)."""
-    why = None
-    if len(data) > MAX_PROCESS:
-        why = f"larger than {MAX_PROCESS} bytes"
-    else:
-        try:
-            process = fastjson.loads(data)
-        except (ValueError, RecursionError) as err:
-            why = f"invalid JSON: {err}"
-        else:
-            if not isinstance(process, dict):
-                why = "not a JSON object"
-            elif any(k != "env" and k.lower() == "env" for k in process):
-                why = "an env field spelt in another case"
-    if why is not None:
-        raise NvshimError(f"{path}: {why}")
+def _process_object(path: str) -> dict | None:
+    """The process file's object (None: unreadable, runc reports it); NvshimError for one
+    nvshim cannot edit exactly as runc reads it (runc would run it as it is, the enforced
+    variables lost): larger than ``MAX_PROCESS``, not UTF-8 (Go's decoder takes it), not a
+    JSON object (``read_json_object``), or with an env key in another case (Go matches
+    field names case-insensitively, the last wins)."""
+    try:
+        with open(path, "rb") as fh:
+            process = read_json_object(fh, MAX_PROCESS, path)
+    except OSError:
+        return None
+    if any(k != "env" and k.lower() == "env" for k in process):
+        raise NvshimError(f"{path}: an env field spelt in another case")
     return process
 
 
@@ -168,12 +162,9 @@ def rewrite_exec(args, argv: list[str]) -> tuple[list[str], list[int]]:
     process_flags = [f for f in args.flags if f.name == "process"]
     if process_flags:
         path = process_flags[-1].value
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_PROCESS + 1)
-        except OSError:
+        process = _process_object(path)
+        if process is None:
             return argv, []  # runc reports the unreadable file itself
-        process = _process_object(path, data)
         env = process.get("env")
         env = [e for e in env if isinstance(e, str)] if isinstance(env, list) else []
         process["env"] = merge_env(env, exec_env(env, entries, uuids))

@@ -98,15 +98,11 @@ def atomic_write(
 
             shutil.copy2(path, backup_path)
         _replace(path, data, mode, st, keep_owner, durable)
-    except OSError as err:
+    except BaseException as err:
         if new_backup:
             _unlink(backup_path)
-        if err.errno is None or err.filename == path:
-            raise
-        raise OSError(err.errno, err.strerror, path) from None
-    except BaseException:
-        if new_backup:
-            _unlink(backup_path)
+        if isinstance(err, OSError) and err.errno is not None and err.filename != path:
+            raise OSError(err.errno, err.strerror, path) from None  # not the temporary's
         raise
     return backup_path
 

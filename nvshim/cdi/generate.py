@@ -4,8 +4,10 @@ command line (``nvshim.cli.cdi`` is the click front of the same code)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 
 from nvshim.console import discover, warn
 from nvshim.errors import NvshimError, UsageError, empty_path
@@ -128,28 +130,33 @@ class SpecRequest:
         )
 
 
-def make_parents(output: str) -> list[str]:
-    """Create the missing directories above ``output``, mode 0755 (as /var/run/cdi is);
-    return those made, outer first (:func:`remove_made` takes them back)."""
+@contextlib.contextmanager
+def parents_made(output: str) -> Iterator[None]:
+    """Create the missing directories above ``output``, mode 0755 (as /var/run/cdi is),
+    for the block that writes it; a block that fails takes back those made (innermost
+    first, where empty)."""
     parent = os.path.dirname(os.path.abspath(output))
     missing = []
     while not os.path.isdir(parent):
         missing.append(parent)
         parent = os.path.dirname(parent)
     made: list[str] = []
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o755)
-            made.append(directory)
-            os.chmod(directory, 0o755)  # mkdir honours the umask
-        except OSError as err:
-            remove_made(made)
-            raise NvshimError(f"{output}: cannot create {directory}: {err.strerror}") from None
-    return made
+    try:
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, 0o755)
+                made.append(directory)
+                os.chmod(directory, 0o755)  # mkdir honours the umask
+            except OSError as err:
+                raise NvshimError(f"{output}: cannot create {directory}: {err.strerror}") from None
+        yield
+    except BaseException:
+        _remove_made(made)
+        raise
 
 
-def remove_made(made: list[str]) -> None:
-    """Remove the directories :func:`make_parents` made, innermost first, where empty."""
+def _remove_made(made: list[str]) -> None:
+    """Remove the directories ``made``, innermost first, where empty."""
     for directory in reversed(made):
         try:
             os.rmdir(directory)
@@ -178,12 +185,8 @@ def generate(output, driver_root, dev_root, config, **options) -> None:
         return
     from nvshim.fsutil import atomic_write
 
-    made = make_parents(output)
-    try:
+    with parents_made(output):
         atomic_write(output, text.encode(), mode=0o644, backup=False)
-    except BaseException:
-        remove_made(made)
-        raise
     sys.stderr.write(
         f"nvshim: wrote {output}: {len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']}\n"
     )

@@ -110,7 +110,7 @@ def refresh(output, force, driver_root, dev_root, config, **options) -> None:
     device and MIG capability nodes) plus nvshim's version and these options; it is kept in
     FILE.nvshim-key. A failed discovery keeps the previous spec and exits 1. Run by
     nvshim-cdi-refresh.service at boot and on driver, MIG and nvshim changes."""
-    from nvshim.cdi.generate import SpecRequest, check_output, make_parents, remove_made
+    from nvshim.cdi.generate import SpecRequest, check_output, parents_made
     from nvshim.cdi.refresh import refresh_spec
     from nvshim.cdi.writer import dump_spec
 
@@ -123,14 +123,10 @@ def refresh(output, force, driver_root, dev_root, config, **options) -> None:
 
     inputs = (config.sharing.config,) if request.sharing else ()
     options = {**asdict(request), "config": os.environ.get("NVSHIM_CONFIG")}
-    made = make_parents(output)
-    try:
+    with parents_made(output):
         _, line = refresh_spec(
             output, driver_root, dev_root, options, render, discover, inputs=inputs, force=force
         )
-    except BaseException:
-        remove_made(made)
-        raise
     click.echo(f"nvshim: {line}", err=True)
 
 

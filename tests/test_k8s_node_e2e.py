@@ -533,6 +533,24 @@ def test_mps_from_the_sharing_configmap(node):
     assert not os.path.exists(pid_file)  # the daemons went with the MPS config
 
 
+def _exec_state(node, pod: dict) -> dict:
+    """What decides a pod's exec enforcement on the node (for a failure's message): its
+    exec marker, runc's state of it holding nvshim's label, the prefix link."""
+    from nvshim.oci.modify import EXEC_ENV_ANNOTATION
+
+    k8s = node.k8s
+    cid = pod["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
+    roots = ["/run/nvshim-runc", "/run/containerd/runc/k8s.io"]
+    states = [k8s.path(f"{r}/{cid}/state.json") for r in roots]
+    state = next((open(p, "rb").read() for p in states if os.path.exists(p)), b"")
+    link = k8s.path("/usr/local/nvshim")
+    return {
+        "marker": os.path.exists(k8s.path(f"/run/nvshim/exec/{cid}")),
+        "labelled": EXEC_ENV_ANNOTATION.encode() in state,
+        "prefix": os.path.islink(link) and os.readlink(link),
+    }
+
+
 def test_rolling_update_to_a_second_tag_with_a_gpu_pod_running(node):
     k8s = node.k8s
     k8s.tag_image(TAG, TAG2)  # as an import of the archive tagged TAG2 would: the same image
@@ -550,7 +568,7 @@ def test_rolling_update_to_a_second_tag_with_a_gpu_pod_running(node):
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
     out = node.kubectl("exec", "-n", node.ns, "long-1", "--", "sh", "-c", SHOW).stdout
     nodes, cvd = node.view(out)
-    assert cvd in node.gpus, out
+    assert cvd in node.gpus, (out, _exec_state(node, pod))
     node.pod("after-update", [container("main", resource="nvidia.com/gpu")])
     assert node.done("after-update") == "Succeeded", node.events("after-update")
     assert node.view(node.logs("after-update"))[1] in node.gpus

@@ -135,6 +135,25 @@ def test_runc_exec_gets_the_first_process_variables(containers, gpu, shared):
     assert open(path, "rb").read() == before  # the engine's file is never written
 
 
+def test_exec_is_enforced_after_the_marker_is_lost(containers):
+    """The exec marker is a cache entry: a cache directory emptied under a running GPU
+    container (an uninstall racing a reinstall) must not let its execs escape. The front
+    finds nvshim's label in runc's state instead; a container nvshim did not prepare
+    still execs untouched."""
+    cid = containers.start({"NVIDIA_VISIBLE_DEVICES": GPU1})
+    plain = containers.start({"PATH": "/bin"})
+    marker = os.path.join(os.environ["NVSHIM_CACHE_DIR"], "exec", cid)
+    os.unlink(marker)
+    assert containers.exec_env(cid)["CUDA_VISIBLE_DEVICES"] == GPU1
+    escaped = containers.exec_env(cid, "-e", "CUDA_VISIBLE_DEVICES=all")
+    assert escaped["CUDA_VISIBLE_DEVICES"] == GPU1
+    path = containers.process_file(["PATH=/bin", "CUDA_VISIBLE_DEVICES=all"])
+    env = _env_of(containers.call("exec", "--process", path, cid).stdout)
+    assert env["CUDA_VISIBLE_DEVICES"] == GPU1 and env["PATH"] == "/bin"
+    assert "CUDA_VISIBLE_DEVICES" not in containers.exec_env(plain)
+    assert not os.path.exists(marker)  # an exec writes no marker back
+
+
 @pytest.mark.parametrize(
     "hostile, why",
     [

@@ -16,7 +16,10 @@ the global flags (runc's table, from ``nvshim.runtime.args``) up to the command 
   (``nvshim.runtime.slots``: no interpreter at all), else to Python. One that cannot ask
   for a GPU but has an exec marker left for its id (a container nvshim prepared once,
   whose delete failed) goes to Python, which drops the stale marker;
-- ``exec``: starts Python only when the container id has a marker (nvshim prepared it);
+- ``exec``: starts Python only when the container id has a marker (nvshim prepared it),
+  or, without one, when runc's ``state.json`` of it (under ``--root``) holds nvshim's
+  ``nvshim.io/exec-env`` label (``grep -F``): a marker lost with the cache directory
+  must not let an exec escape the enforcement;
 - ``delete`` of a container with a marker: runs the low-level runtime as its child and
   removes the marker (``rm``) once it deleted the container, unless nvshim-runtimed keeps
   its slots and the marker names a state root (the daemon sweeps it once the container
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 from nvshim import __version__
 from nvshim.defaults import DEFAULT_CONFIG
+from nvshim.oci.modify import EXEC_ENV_ANNOTATION
 from nvshim.runtime import FRONT_CACHE, MARKER_DIR
 from nvshim.runtime.args import BOOL, COMMAND_FLAGS, GLOBAL_FLAGS, VALUE
 from nvshim.runtime.slots import (
@@ -231,7 +235,7 @@ nl='
 '
 c=${{NVSHIM_CACHE_DIR:-{sh_quote(default)}}}
 case $c in /*) ;; *) c={sh_quote(default)} ;; esac
-{slots}s=g h= v= cmd= id= n=0 j= mk=
+{slots}s=g h= v= cmd= id= n=0 j= mk= sr=
 for a do
   n=$((n + 1))
   case $s in
@@ -239,6 +243,8 @@ for a do
     case $a in
     --) s=c ;;
     {_forms(g_bool)}) ;;
+    -root|--root) s=gr ;;
+    -root=*|--root=*) sr=${{a#*=}} ;;
     {_forms(g_value)}) s=gv ;;
     {_forms(g_value, "=*")}) ;;
     -h|--h|-help|--help) h=1 ;;
@@ -248,6 +254,7 @@ for a do
     *) cmd=$a; break ;;
     esac ;;
   gv) s=g ;;
+  gr) sr=$a; s=g ;;
   c) cmd=$a; break ;;
   esac
 done
@@ -293,6 +300,17 @@ fi
 pass() {{
   [ -n "$rt" ] || py "$@"
   [ -z "$h" ] && [ "$v" ] && printf '%s\\n' {sh_quote(f"nvshim-runtime version {__version__}")}
+}}
+# labelled ID: runc's state of container ID (under --root, else root's default) may hold
+# nvshim's exec-env label: nvshim prepared it though its marker is gone (a cache directory
+# emptied under a running container); a grep that fails says yes: Python decides
+labelled() {{
+  l=${{sr:-/run/runc}}/$1/state.json
+  [ -f "$l" ] || return 1
+  tool grep || return 0
+  GREP_OPTIONS= LC_ALL=C "$x" -F -q -e {sh_quote('"' + EXEC_ENV_ANNOTATION + "=")} -- "$l" \
+    </dev/null >/dev/null 2>&1
+  [ "$?" -ne 1 ]
 }}
 # every command but these four is exec'd here: the shell never reads what follows
 case $cmd in create|run|exec|delete) ;; *) pass "$@"; exec "$rt" "$@" ;; esac
@@ -351,6 +369,7 @@ if [ -z "$h" ]; then
     if [ -z "$h" ] && [ -n "$id" ]; then
       case $id in .|..|*/*) py "$@" ;; esac
       [ -e "$c/{MARKER_DIR}/$id" ] && py "$@"
+      labelled "$id" && py "$@"
     fi ;;
   delete)
     # a container nvshim prepared: its marker goes once runc deleted it, removed here

@@ -382,3 +382,18 @@ def test_exporter_doctor_interval_is_0_or_more(value):
     proc = run_nvshim(*argv, timeout=30)
     assert proc.returncode == 2
     _one_error(proc, "nvshim", f"invalid value for '--doctor-interval': {value}: must be 0 or")
+
+
+def test_nvshim_debug_takes_a_boolean_or_is_refused(tmp_path):
+    """NVSHIM_DEBUG=garbage was "set" (tracebacks on): now a boolean as the other
+    ``NVSHIM_*`` settings take them, anything else one line naming it before any work,
+    on the click path and the ``cdi generate`` fast path alike."""
+    out = tmp_path / "spec.yaml"
+    for argv in (("config", "show"), ("cdi", "generate", "-o", str(out))):
+        proc = run_nvshim(*argv, env={"NVSHIM_DEBUG": "garbage"})
+        assert proc.returncode == 2, proc.stderr
+        _one_error(proc, "nvshim", "NVSHIM_DEBUG='garbage': expected a boolean")
+    assert os.listdir(tmp_path) == []
+    for value in ("", "0", "false", "yes", "1"):
+        proc = run_nvshim("config", "show", env={"NVSHIM_DEBUG": value})
+        assert proc.returncode == 0 and proc.stderr == "", (value, proc.stderr)

@@ -581,6 +581,9 @@ def test_bad_kubeconfig_is_one_line(tmp_path, sim):
         (("--interval", "0"), "invalid value for '--interval': 0: must be above 0"),
         (("--interval", "-5"), "invalid value for '--interval': -5: must be above 0"),
         (("--resync", "nan"), "invalid value for '--resync': nan: must be above 0"),
+        # inf was "never": the slices never resent, the host never checked again
+        (("--resync", "inf"), "invalid value for '--resync': inf: must be finite"),
+        (("--interval", "inf"), "invalid value for '--interval': inf: must be finite"),
         # the command line's own mistake first, before the kubeconfig is read
         (("--node-name", ""), "--node-name (or NODE_NAME) is required"),
     ],

@@ -354,6 +354,42 @@ def test_invalid_config_json_one_line(h100, tmp_path, text):
     assert (bundle / "config.json").read_text() == text
 
 
+GPU_ENV = '"env":["NVIDIA_VISIBLE_DEVICES=0"]'
+
+
+@pytest.mark.parametrize(
+    "text, key, field",
+    [
+        ('{"process":{' + GPU_ENV + ',"Env":["PATH=/bin"]}}', "Env", "process.env"),
+        ('{"process":{' + GPU_ENV + '},"Process":{"env":[]}}', "Process", "process"),
+        ('{"process":{' + GPU_ENV + '},"linux":{"DEVICES":[]}}', "DEVICES", "linux.devices"),
+        ('{"process":{' + GPU_ENV + '},"hooks":{"preStart":[]}}', "preStart", "hooks.prestart"),
+        ('{"process":{' + GPU_ENV + '},"\u212aeep":1,"Mounts":[]}', "Mounts", "mounts"),
+    ],
+    ids=["process.Env", "Process", "linux.DEVICES", "hooks.preStart", "Mounts"],
+)
+def test_a_field_nvshim_edits_spelt_in_another_case_is_refused(h100, tmp_path, text, key, field):
+    """runc's Go decoder matches field names case-insensitively, the last one winning:
+    it would read ``Env`` (``Process`` ...) and drop what nvshim put in ``env``. Refused
+    at load, one line naming the file and the key, the file as it was."""
+    bundle = tmp_path / "cased"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(text)
+    proc = subprocess.run(
+        [h100.runtime, "--root", str(tmp_path / "st"), "create", "--bundle", str(bundle), "x"],
+        capture_output=True,
+        text=True,
+        env={**RUNC_ENV, "NVSHIM_CONFIG": h100.config, "PATH": os.environ["PATH"]},
+    )
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"nvshim-runtime: error: {bundle}/config.json: {key!r} is the {field} field spelt "
+        "in another case\n"
+    )
+    assert (bundle / "config.json").read_text() == text
+    assert not (tmp_path / "st").exists()
+
+
 def test_pass_through_is_runc(h100, tmp_path):
     env = {**RUNC_ENV, "NVSHIM_CONFIG": h100.config, "PATH": os.environ["PATH"]}
     ours = subprocess.run([h100.runtime, "--version"], capture_output=True, text=True, env=env)

@@ -1142,6 +1142,32 @@ def test_full_disk_keeps_the_old_checkpoint_and_undoes_the_prepare(api, sim, sho
         api.kube.delete(f"{CLAIMS}/{name}")
 
 
+def test_unprepare_keeps_a_mount_below_the_daemon_directory(api, sim, short_tmp):
+    """A file system still mounted below an MPS daemon's directory (its shm tmpfs that
+    failed to unmount) is kept with the directories above it: the removal never crosses
+    a mount point (shutil.rmtree emptied it, then failed on it)."""
+    host = discover_host(sim[0].driver_root, sim[0].dev_root)
+    mps = str(short_tmp / "mps")
+    driver = Driver(api.kube, NODE, host, load_config(sim[1]), str(short_tmp / "cdi"),
+                    str(short_tmp / "plugin"), mps)  # fmt: skip
+    claim = _allocated_claim(api, "mps-mounted", [("gpu", "gpu-3")], _mps_params(40))
+    assert driver.prepare(claim)["error"] == ""
+    base = os.path.join(mps, host.gpu(3).uuid)
+    held = os.path.join(base, "held")
+    os.mkdir(held)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "nvshim-test", held], check=True)
+    try:
+        with open(os.path.join(held, "segment"), "w") as fh:
+            fh.write("in use")
+        assert driver.unprepare(claim)["error"] == ""
+        assert os.path.ismount(held)
+        assert open(os.path.join(held, "segment")).read() == "in use"
+        assert os.listdir(base) == ["held"]  # the rest of the daemon's directory: gone
+    finally:
+        subprocess.run(["umount", "-l", held], check=False)
+    api.kube.delete(f"{CLAIMS}/mps-mounted")
+
+
 @pytest.mark.parametrize("ctr_path", [False, True], ids=["under-host-root", "ctr-path"])
 def test_driver_container_layout_from_the_installers_variables(api, tmp_path, short_tmp, ctr_path):
     """The GPU Operator's layout: the driver at /run/nvidia/driver on the node, the node's

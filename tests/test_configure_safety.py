@@ -281,6 +281,25 @@ def test_unconfigure_without_a_record_removes_only_its_runtime(tmp_path, capsys)
     assert set(containerd["runtimes"]) == {"crun", "runc", "kata"}
 
 
+@pytest.mark.parametrize("record", ["garbage\n", '{"format": 99}\n', ""])
+def test_an_unreadable_record_never_costs_the_backup(tmp_path, capsys, record):
+    """A state record configure cannot read was taken for a first configure: the backup
+    of the true original was replaced by the configured file. Refused, one line naming
+    the record, every file as it was."""
+    config = tmp_path / "config.toml"
+    config.write_text(V16)
+    assert nvshim(capsys, "configure", *ctd(config))[0] == 0
+    state = tmp_path / "config.toml.nvshim.state"
+    state.write_text(record)
+    before = tree(tmp_path)
+    code, _, err = nvshim(capsys, "configure", *ctd(config, "--runtime-name", "other"))
+    assert code == 1
+    line = one_error_line(err)
+    assert line.startswith(f"nvshim: error: {state}: not a state record nvshim can read"), line
+    assert tree(tmp_path) == before
+    assert (tmp_path / "config.toml.nvshim.bak").read_text() == V16
+
+
 def test_unconfigure_with_nothing_configured_changes_nothing(tmp_path, capsys):
     config = tmp_path / "config.toml"
     config.write_text(V16)

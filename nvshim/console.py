@@ -57,7 +57,7 @@ def debugging() -> bool:
     raw = os.environ.get("NVSHIM_DEBUG")
     if raw is None:
         return False
-    from nvshim.engines.settings import parse_bool
+    from nvshim.envbool import parse_bool
 
     return parse_bool("NVSHIM_DEBUG", raw)
 

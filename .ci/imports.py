@@ -65,6 +65,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "nvshim",
             "nvshim.defaults",
+            "nvshim.envbool",
             "nvshim.errors",
             "nvshim.fastjson",
             "nvshim.filecache",

@@ -48,16 +48,30 @@ def discover(driver_root: str, dev_root: str, quiet: bool = False) -> Host:
     return host
 
 
+def debugging() -> bool:
+    """Whether NVSHIM_DEBUG asks for tracebacks: unset or empty is no, else a boolean as
+    the ``NVSHIM_*`` settings take them (anything else a UsageError naming it). Only the
+    operator's ``nvshim`` commands read it, never the runtime or the hook."""
+    import os
+
+    raw = os.environ.get("NVSHIM_DEBUG")
+    if raw is None:
+        return False
+    from nvshim.envbool import parse_bool
+
+    return parse_bool("NVSHIM_DEBUG", raw)
+
+
 def guarded(func, *args, help_command: str = "nvshim") -> None:
     """Run ``func(*args)`` as a command: an NvshimError or OSError becomes one line and
     its exit code, an unexpected error one line and 70 (a traceback with NVSHIM_DEBUG).
     A usage error raised inside the command ends as the parser's do, with where the help
-    is: ``help_command``, unless it names its own command."""
-    import os
-
+    is: ``help_command``, unless it names its own command. A NVSHIM_DEBUG that is no
+    boolean is such a usage error, before the command runs."""
     from nvshim.errors import NvshimError, UsageError, error_line
 
     try:
+        debugging()
         func(*args)
     except NvshimError as err:
         if isinstance(err, UsageError) and err.help_command is None:
@@ -71,7 +85,7 @@ def guarded(func, *args, help_command: str = "nvshim") -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as err:  # noqa: BLE001 - a bug must still be one line unless debugging
-        if os.environ.get("NVSHIM_DEBUG"):
+        if debugging():  # checked before the command ran; ``--debug`` sets "1"
             raise
         sys.stderr.write(
             f"nvshim: internal error: {type(err).__name__}: {err} "

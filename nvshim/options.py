@@ -4,12 +4,13 @@ VALUE]`` (click's own layout; docs/commands.md "Conventions")."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import click
 from click.core import ParameterSource
 
-__all__ = ["Option", "above_zero", "option"]
+__all__ = ["Option", "above_zero", "option", "zero_or_more"]
 
 PATH_METAVARS = ("DIR", "FILE", "PATH")
 EMPTY_PATH = "empty path"  # what nvshim.errors.empty_path says, click's way
@@ -84,6 +85,18 @@ def option(*decls: str, **kwargs) -> Callable[[Callable], Callable]:
 
 def above_zero(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     """A click callback: a number of seconds above 0 (nan, which no wait honours, too)."""
-    if value is not None and not value > 0:
-        raise click.BadParameter(f"{value:g}: must be above 0", ctx=ctx, param=param)
+    return _seconds(ctx, param, value, "above 0", value is None or value > 0)
+
+
+def zero_or_more(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A click callback: a number of seconds, 0 or more (nan refused too)."""
+    return _seconds(ctx, param, value, "0 or more", value is None or value >= 0)
+
+
+def _seconds(ctx, param, value: float | None, bound: str, within: bool) -> float | None:
+    """``value`` unless it is out of ``bound`` or infinite (inf is "never", not a wait)."""
+    if not within:
+        raise click.BadParameter(f"{value:g}: must be {bound}", ctx=ctx, param=param)
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value:g}: must be finite", ctx=ctx, param=param)
     return value

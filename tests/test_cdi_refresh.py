@@ -212,3 +212,22 @@ def test_missing_output_directory_is_created(node, tmp_path):
     output = str(tmp_path / "run" / "cdi" / "nvidia.yaml")
     refreshed(sim, output)
     assert os.stat(tmp_path / "run" / "cdi").st_mode & 0o777 == 0o755
+
+
+def test_a_key_path_that_is_a_directory_writes_nothing(node):
+    """The key is written after the spec: a directory in its place failed only then,
+    with the new spec already written. Now refused first, every file as it was."""
+    sim, output = node("single")
+    refreshed(sim, output)
+    spec_before = snapshot(output)
+    key_file = output + ".nvshim-key"
+    os.unlink(key_file)
+    os.mkdir(key_file)
+    proc = refresh(sim, output, "--force")
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"nvshim: error: {key_file}: the refresh's key file is not a regular file\n"
+    )
+    assert snapshot(output) == spec_before
+    assert sorted(os.listdir(os.path.dirname(output))) == ["nvidia.yaml", "nvidia.yaml.nvshim-key"]
+    assert os.listdir(key_file) == []

@@ -374,11 +374,38 @@ def test_an_empty_path_option_is_a_usage_error(launchers, tmp_path, argv, hint):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("value", ["-1", "nan"])
-def test_exporter_doctor_interval_is_0_or_more(value):
-    """A negative interval or nan (after which the checks never ran again) is refused
-    before anything is served."""
+@pytest.mark.parametrize(
+    "value, words",
+    [("-1", "must be 0 or more"), ("nan", "must be 0 or more"), ("inf", "must be finite")],
+)
+def test_exporter_doctor_interval_is_0_or_more(value, words):
+    """A negative interval, nan or inf (after which the checks never ran again) is
+    refused before anything is served."""
     argv = ("exporter", "--listen", "127.0.0.1:1", "--doctor-interval", value)
     proc = run_nvshim(*argv, timeout=30)
     assert proc.returncode == 2
-    _one_error(proc, "nvshim", f"invalid value for '--doctor-interval': {value}: must be 0 or")
+    _one_error(proc, "nvshim", f"invalid value for '--doctor-interval': {value}: {words}")
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_the_daemon_s_seconds_are_finite_and_above_0(launchers, value):
+    """nvshim-runtimed's waits: inf was "never" (an idle worker kept for ever)."""
+    proc = _run([f"{launchers}/nvshim-runtimed", "--idle-timeout", value])
+    assert proc.returncode == 2, proc.stderr
+    bound = "finite" if value == "inf" else "above 0"
+    _one_error(proc, "nvshim-runtimed", f"'--idle-timeout': {value}: must be {bound}")
+
+
+def test_nvshim_debug_takes_a_boolean_or_is_refused(tmp_path):
+    """NVSHIM_DEBUG=garbage was "set" (tracebacks on): now a boolean as the other
+    ``NVSHIM_*`` settings take them, anything else one line naming it before any work,
+    on the click path and the ``cdi generate`` fast path alike."""
+    out = tmp_path / "spec.yaml"
+    for argv in (("config", "show"), ("cdi", "generate", "-o", str(out))):
+        proc = run_nvshim(*argv, env={"NVSHIM_DEBUG": "garbage"})
+        assert proc.returncode == 2, proc.stderr
+        _one_error(proc, "nvshim", "NVSHIM_DEBUG='garbage': expected a boolean")
+    assert os.listdir(tmp_path) == []
+    for value in ("", "0", "false", "yes", "1"):
+        proc = run_nvshim("config", "show", env={"NVSHIM_DEBUG": value})
+        assert proc.returncode == 0 and proc.stderr == "", (value, proc.stderr)

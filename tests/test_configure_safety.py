@@ -281,6 +281,25 @@ def test_unconfigure_without_a_record_removes_only_its_runtime(tmp_path, capsys)
     assert set(containerd["runtimes"]) == {"crun", "runc", "kata"}
 
 
+@pytest.mark.parametrize("record", ["garbage\n", '{"format": 99}\n', ""])
+def test_an_unreadable_record_never_costs_the_backup(tmp_path, capsys, record):
+    """A state record configure cannot read was taken for a first configure: the backup
+    of the true original was replaced by the configured file. Refused, one line naming
+    the record, every file as it was."""
+    config = tmp_path / "config.toml"
+    config.write_text(V16)
+    assert nvshim(capsys, "configure", *ctd(config))[0] == 0
+    state = tmp_path / "config.toml.nvshim.state"
+    state.write_text(record)
+    before = tree(tmp_path)
+    code, _, err = nvshim(capsys, "configure", *ctd(config, "--runtime-name", "other"))
+    assert code == 1
+    line = one_error_line(err)
+    assert line.startswith(f"nvshim: error: {state}: not a state record nvshim can read"), line
+    assert tree(tmp_path) == before
+    assert (tmp_path / "config.toml.nvshim.bak").read_text() == V16
+
+
 def test_unconfigure_with_nothing_configured_changes_nothing(tmp_path, capsys):
     config = tmp_path / "config.toml"
     config.write_text(V16)
@@ -516,6 +535,46 @@ def test_make_dirs_tolerates_a_directory_created_meanwhile(tmp_path, monkeypatch
     monkeypatch.setattr(common.os, "mkdir", racing_mkdir)
     assert common.make_dirs(str(target)) == [str(target)]
     assert target.is_dir()
+
+
+# In a private mount namespace: a 64 KiB tmpfs holding a 40 KiB file and a 4 KiB backup of
+# it; atomic_write with a backup then runs out of room part way through the new backup.
+FULL_BACKUP = r"""
+set -e
+mount -t tmpfs -o size=64k tmpfs "$DIR"
+head -c 40960 /dev/urandom > "$DIR/f"
+head -c 4096 /dev/zero | tr '\0' o > "$DIR/f.nvshim.bak"
+sha256sum "$DIR/f" "$DIR/f.nvshim.bak" > "$SUMS"
+set +e
+"$PY" -c '
+import sys
+from nvshim.fsutil import atomic_write
+try:
+    atomic_write(sys.argv[1], b"new")
+except OSError as err:
+    print("error", err.strerror, err.filename)
+' "$DIR/f"
+sha256sum -c --quiet "$SUMS" && echo intact
+echo $(ls -A "$DIR")
+"""
+
+
+def test_a_backup_that_fails_part_way_keeps_the_old_backup_whole(tmp_path):
+    """The backup was copied over the old one in place: ENOSPC part way left it
+    truncated. Now written beside it and renamed: the old backup stays whole, the file
+    as it was, no temporary left, the error naming the backup."""
+    from tests.conftest import sh_in_private_mounts
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    done = sh_in_private_mounts(
+        FULL_BACKUP, DIR=str(mnt), SUMS=str(tmp_path / "sums"), PY=sys.executable,
+        PYTHONPATH=str(REPO),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    error, intact, listing = done.stdout.splitlines()
+    assert error == f"error No space left on device {mnt}/f.nvshim.bak", done.stdout
+    assert intact == "intact" and listing == "f f.nvshim.bak", done.stdout
 
 
 # In a private mount namespace: a 64 KiB tmpfs holding the config, filled up to FREE KiB

@@ -581,6 +581,9 @@ def test_bad_kubeconfig_is_one_line(tmp_path, sim):
         (("--interval", "0"), "invalid value for '--interval': 0: must be above 0"),
         (("--interval", "-5"), "invalid value for '--interval': -5: must be above 0"),
         (("--resync", "nan"), "invalid value for '--resync': nan: must be above 0"),
+        # inf was "never": the slices never resent, the host never checked again
+        (("--resync", "inf"), "invalid value for '--resync': inf: must be finite"),
+        (("--interval", "inf"), "invalid value for '--interval': inf: must be finite"),
         # the command line's own mistake first, before the kubeconfig is read
         (("--node-name", ""), "--node-name (or NODE_NAME) is required"),
     ],
@@ -1137,6 +1140,32 @@ def test_full_disk_keeps_the_old_checkpoint_and_undoes_the_prepare(api, sim, sho
     assert driver.unprepare(second)["error"] == ""
     for name in ("disk-1", "disk-2"):
         api.kube.delete(f"{CLAIMS}/{name}")
+
+
+def test_unprepare_keeps_a_mount_below_the_daemon_directory(api, sim, short_tmp):
+    """A file system still mounted below an MPS daemon's directory (its shm tmpfs that
+    failed to unmount) is kept with the directories above it: the removal never crosses
+    a mount point (shutil.rmtree emptied it, then failed on it)."""
+    host = discover_host(sim[0].driver_root, sim[0].dev_root)
+    mps = str(short_tmp / "mps")
+    driver = Driver(api.kube, NODE, host, load_config(sim[1]), str(short_tmp / "cdi"),
+                    str(short_tmp / "plugin"), mps)  # fmt: skip
+    claim = _allocated_claim(api, "mps-mounted", [("gpu", "gpu-3")], _mps_params(40))
+    assert driver.prepare(claim)["error"] == ""
+    base = os.path.join(mps, host.gpu(3).uuid)
+    held = os.path.join(base, "held")
+    os.mkdir(held)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "nvshim-test", held], check=True)
+    try:
+        with open(os.path.join(held, "segment"), "w") as fh:
+            fh.write("in use")
+        assert driver.unprepare(claim)["error"] == ""
+        assert os.path.ismount(held)
+        assert open(os.path.join(held, "segment")).read() == "in use"
+        assert os.listdir(base) == ["held"]  # the rest of the daemon's directory: gone
+    finally:
+        subprocess.run(["umount", "-l", held], check=False)
+    api.kube.delete(f"{CLAIMS}/mps-mounted")
 
 
 @pytest.mark.parametrize("ctr_path", [False, True], ids=["under-host-root", "ctr-path"])

@@ -16,7 +16,7 @@ import tomllib
 import pytest
 import yaml
 
-from nvshim.engines.settings import GO_FALSE, GO_TRUE
+from nvshim.envbool import GO_FALSE, GO_TRUE
 from nvshim.node.env import UNHONOURED, resolve_node
 from tests.node_util import SIM_DIR, Scratch, node, start_node, wait_for
 

@@ -221,3 +221,35 @@ def test_udev_rule_is_well_formed_and_starts_a_shipped_unit(rules):
             assert program[0] == "/bin/systemctl" and program[1:3] == ["--no-block", "start"]
             started.append(program[3])
     assert started and set(started) <= shipped
+
+
+# In a private mount namespace with tmpfs over /run, /var/log and /etc/nvshim when there
+# is one (the host's stay as they are): an MPS daemon's shm tmpfs mounted below
+# /run/nvshim, then the package's postrm purge; prints its status, what /run holds and
+# whether the shm is still mounted.
+PURGE = r"""
+set -e
+for dir in /run /var/log; do mount -t tmpfs nvshim-test "$dir"; done
+[ ! -d /etc/nvshim ] || mount -t tmpfs nvshim-test /etc/nvshim
+shm=/run/nvshim/mps/GPU-0/shm
+mkdir -p "$shm" /run/cdi
+mount -t tmpfs nvshim-test "$shm"
+echo segment > "$shm/seg"
+set +e
+sh "$POSTRM" purge
+echo "rc=$?"
+echo "run:" $(ls -A /run | grep -v '^mount$')  # mount(8)'s utab
+echo "mounts:" $(grep -o " $shm " /proc/self/mountinfo)
+"""
+
+
+def test_postrm_purge_detaches_a_mount_below_run_nvshim():
+    """``rm -rf /run/nvshim`` under ``set -e`` failed the purge when an MPS daemon's shm
+    tmpfs was still mounted below it (after emptying it): now detached first."""
+    from tests.conftest import sh_in_private_mounts
+
+    postrm = os.path.join(REPO, "packaging", "debian", "nvshim.postrm")
+    done = sh_in_private_mounts(PURGE, POSTRM=postrm)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["rc=0", "run:", "mounts:"], done.stdout + done.stderr
+    assert done.stderr == "", done.stderr

@@ -338,20 +338,57 @@ def test_bad_requests_fail_with_one_line(h100, kwargs, needle):
 DEEP = '{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":' + "[" * 5000 + "]" * 5000 + "}"
 
 
-@pytest.mark.parametrize("text", ["{not json", DEEP], ids=["not-json", "deep"])
-def test_invalid_config_json_one_line(h100, tmp_path, text):
-    bundle = tmp_path / "broken"
+def create_alone(h100, bundle, text: str) -> subprocess.CompletedProcess:
+    """``nvshim-runtime create`` of ``bundle`` holding only a config.json of ``text``
+    (state under the bundle's parent, ``st``)."""
     bundle.mkdir()
     (bundle / "config.json").write_text(text)
-    proc = subprocess.run(
-        [h100.runtime, "--root", str(tmp_path / "st"), "create", "--bundle", str(bundle), "x"],
+    return subprocess.run(
+        [h100.runtime, "--root", str(bundle.parent / "st"), "create", "--bundle", str(bundle), "x"],
         capture_output=True,
         text=True,
         env={**RUNC_ENV, "NVSHIM_CONFIG": h100.config, "PATH": os.environ["PATH"]},
     )
+
+
+@pytest.mark.parametrize("text", ["{not json", DEEP], ids=["not-json", "deep"])
+def test_invalid_config_json_one_line(h100, tmp_path, text):
+    bundle = tmp_path / "broken"
+    proc = create_alone(h100, bundle, text)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "config.json: invalid JSON" in proc.stderr
     assert (bundle / "config.json").read_text() == text
+
+
+GPU_ENV = '"env":["NVIDIA_VISIBLE_DEVICES=0"]'
+
+
+@pytest.mark.parametrize(
+    "text, key, field",
+    [
+        ('{"process":{' + GPU_ENV + ',"Env":["PATH=/bin"]}}', "Env", "process.env"),
+        ('{"process":{' + GPU_ENV + '},"Process":{"env":[]}}', "Process", "process"),
+        ('{"process":{' + GPU_ENV + '},"linux":{"DEVICES":[]}}', "DEVICES", "linux.devices"),
+        ('{"process":{' + GPU_ENV + '},"hooks":{"preStart":[]}}', "preStart", "hooks.prestart"),
+        ('{"process":{' + GPU_ENV + '},"Mounts":[]}', "Mounts", "mounts"),
+        # Go folds the long s as s: "proce\u017f\u017f" is "process" to runc
+        ('{"process":{' + GPU_ENV + '},"proce\u017f\u017f":{}}', "proce\u017f\u017f", "process"),
+    ],
+    ids=["process.Env", "Process", "linux.DEVICES", "hooks.preStart", "Mounts", "long-s"],
+)
+def test_a_field_nvshim_edits_spelt_in_another_case_is_refused(h100, tmp_path, text, key, field):
+    """runc's Go decoder matches field names case-insensitively, the last one winning:
+    it would read ``Env`` (``Process`` ...) and drop what nvshim put in ``env``. Refused
+    at load, one line naming the file and the key, the file as it was."""
+    bundle = tmp_path / "cased"
+    proc = create_alone(h100, bundle, text)
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"nvshim-runtime: error: {bundle}/config.json: {key!r} is the {field} field spelt "
+        "in another case\n"
+    )
+    assert (bundle / "config.json").read_text() == text
+    assert not (tmp_path / "st").exists()
 
 
 def test_pass_through_is_runc(h100, tmp_path):

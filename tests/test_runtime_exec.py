@@ -159,7 +159,7 @@ def test_exec_is_enforced_after_the_marker_is_lost(containers):
     [
         (b',"pad":"' + b"x" * (4 << 20) + b'"}', b"larger than"),  # Go reads any size
         (b',"pad":"\xff"}', b"invalid JSON"),  # Go's decoder takes invalid UTF-8
-        (b',"Env":["CUDA_VISIBLE_DEVICES=all"]}', b"an env field"),  # Go: the last wins
+        (b',"Env":["CUDA_VISIBLE_DEVICES=all"]}', b"'Env' is the env field"),  # Go: the last wins
     ],
     ids=["oversize", "not-utf8", "env-case"],
 )

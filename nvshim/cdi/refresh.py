@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +71,17 @@ def host_key(
         "options": options,
         "inputs": {path: file_digest(path) for path in inputs},
     }
+
+
+def _check_key_file(path: str) -> None:
+    """Refuse a key path that is there but no regular file (a directory, a socket ...):
+    the key could not be written over it, and the spec must not be written first."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+        raise NvshimError(f"{path}: the refresh's key file is not a regular file")
 
 
 def _load_record(output: str) -> dict[str, Any] | None:
@@ -142,6 +154,7 @@ def refresh_spec(
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(dir_fd, fcntl.LOCK_EX)  # one refresh of a directory at a time
+        _check_key_file(key_path(output))  # before the spec is written, not after
         # the key is taken before discovery: a change during discovery shows next time
         key = host_key(driver_root, dev_root, options, inputs)
         record = _load_record(output)

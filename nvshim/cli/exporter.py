@@ -10,6 +10,7 @@ import click
 from nvshim.cli.common import option
 from nvshim.cli.doctor import context_options
 from nvshim.errors import NvshimError, UsageError
+from nvshim.options import zero_or_more
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -37,6 +38,7 @@ def parse_listen(text: str) -> tuple[str, int]:
     default=60.0,
     show_default=True,
     metavar="SECONDS",
+    callback=zero_or_more,
     help="Re-run the doctor's checks at most this often.",
 )
 @context_options
@@ -47,10 +49,6 @@ def exporter(listen, log_file, doctor_interval, make_context) -> None:
     from nvshim.exporter.collector import NodeCollector
 
     host, port = parse_listen(listen)
-    if not doctor_interval >= 0:  # nan too: the checks would never run again
-        raise click.BadParameter(
-            f"{doctor_interval:g}: must be 0 or more", param_hint="'--doctor-interval'"
-        )
     config = make_context().config
     log_path = log_file or (
         config.runtime.log_file if config.runtime.log_target == "file" else None

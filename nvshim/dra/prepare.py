@@ -427,16 +427,16 @@ class Driver:
 
     def _stop_mps(self, limits: dict[str, Any]) -> None:
         """Stop one claim daemon and remove its directories (after a reboot they may be
-        gone already: nothing to stop)."""
-        import shutil
-
+        gone already: nothing to stop), never crossing a mount point below them (a
+        daemon's shm tmpfs still mounted stays, with the directories above it)."""
+        from nvshim.fsutil import remove_tree
         from nvshim.mps.daemon import daemon_dirs, stop_daemon
 
         result = stop_daemon(self.host, limits["uuid"], self.mps_root, None)
         if result.problem:
             raise PrepareError(f"MPS daemon of {limits['uuid']}: {result.problem}")
         try:
-            shutil.rmtree(daemon_dirs(self.mps_root, limits["uuid"]).base)
+            remove_tree(daemon_dirs(self.mps_root, limits["uuid"]).base)
         except FileNotFoundError:
             pass
 

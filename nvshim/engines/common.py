@@ -136,8 +136,9 @@ class FileState:
 
 
 def load_state(path: str) -> FileState | None:
-    """The record for ``path``, or ``None`` (none, or unreadable: then nvshim falls back
-    to removing only what is recognisably its own)."""
+    """The record for ``path``, or ``None`` (none, or unreadable: then ``unconfigure``
+    falls back to removing only what is recognisably its own, and :func:`commit_file`
+    refuses to write)."""
     raw = read_bytes(state_path(path))
     if raw is None:
         return None
@@ -227,7 +228,14 @@ def commit_file(
     any missing now); mark the file not pristine when someone else changed it since
     nvshim wrote it; save the record first, then write. Returns the record and notes.
     When a write fails (a full or read-only file system), the backup, record and
-    directories this call made are taken back before the error goes on."""
+    directories this call made are taken back before the error goes on. A state file
+    there that ``state`` None says :func:`load_state` could not read is refused first:
+    taking it for a first time would replace the backup of the true original."""
+    if state is None and os.path.lexists(state_path(path)):
+        raise NvshimError(
+            f"{state_path(path)}: not a state record nvshim can read; nothing written "
+            f"(the original stays in {backup_path(path)}; remove the record to start afresh)"
+        )
     notes = []
     undo = _Undo(path)
     try:

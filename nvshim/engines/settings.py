@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nvshim.engines import ENGINES
+from nvshim.envbool import parse_bool
 from nvshim.errors import UsageError
 from nvshim.record import record
 
@@ -88,12 +89,6 @@ CGROUP_DRIVERS = ("systemd", "cgroupfs")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 _ENGINE_OWN_RUNTIMES = ("runc", "crun")
-# the usual words (NVSHIM_* variables), and Go's strconv.ParseBool exactly (the GPU
-# Operator's variables)
-_TRUE = ("1", "t", "true", "yes", "on")
-_FALSE = ("0", "f", "false", "no", "off", "")
-GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
-GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 _BOOLEANS = ("set_as_default", "enable_cdi", "take_over")
 
 
@@ -165,21 +160,6 @@ def from_env(setting: str, engine: str, env: Mapping[str, str]) -> tuple[str, st
         if name in env:
             return name, env[name]
     return None
-
-
-def parse_bool(name: str, raw: str) -> bool:
-    """A boolean variable: Go ``ParseBool`` spellings; ``NVSHIM_*`` also yes/no/on/off."""
-    if raw in GO_TRUE:
-        return True
-    if raw in GO_FALSE:
-        return False
-    if name.startswith("NVSHIM_"):
-        value = raw.strip().lower()
-        if value in _TRUE:
-            return True
-        if value in _FALSE:
-            return False
-    raise UsageError(f"{name}={raw!r}: expected a boolean (1, t, true, TRUE, 0, f, false ...)")
 
 
 def resolve_settings(

@@ -22,9 +22,9 @@ from nvshim.engines.settings import (
     Settings,
     flag_of,
     from_env,
-    parse_bool,
     resolve_settings,
 )
+from nvshim.envbool import parse_bool
 from nvshim.errors import NvshimError, UsageError
 from nvshim.host.rootpath import in_root, resolve_in_root
 from nvshim.node.hostview import RootPairs

@@ -14,7 +14,7 @@ import os
 
 from nvshim import fastjson
 from nvshim.errors import NvshimError
-from nvshim.oci.bundle import read_json_object
+from nvshim.oci.bundle import check_field_case, read_json_object
 from nvshim.oci.modify import EXEC_ENV_ANNOTATION, INJECTED_ANNOTATION, merge_env
 
 MAX_STATE = 16 << 20
@@ -145,8 +145,7 @@ def _process_object(path: str) -> dict | None:
             process = read_json_object(fh, MAX_PROCESS, path)
     except OSError:
         return None
-    if any(k != "env" and k.lower() == "env" for k in process):
-        raise NvshimError(f"{path}: an env field spelt in another case")
+    check_field_case(process, ("env",), path, "")
     return process
 
 

@@ -208,3 +208,34 @@ def test_the_node_uninstall_never_follows_a_directory_swapped_for_a_symlink(open
             swapper.wait()
         assert os.path.exists(os.path.join(canary, "victim")), f"attempt {attempt}"
         assert os.listdir(canary) == ["victim"]
+
+
+def test_the_node_uninstall_keeps_what_running_containers_and_the_dra_driver_use(open_dir):  # noqa: F811
+    """With containers still running through nvshim (a containerd shim started with its
+    runtime: a real process, named as one, in a bundle naming the runtime), their exec
+    markers and NIC claims stay for the next install; the DRA driver's MPS root (its
+    daemons' pipes and logs, in the same cache directory on its DaemonSet) always stays;
+    the installer's own caches go."""
+    host = os.path.join(open_dir, "host")
+    run = os.path.join(host, "run/nvshim")
+    for path in ("exec/ctr-1", "rdma-claims/mlx5_0", "dra-mps/GPU-1/pipe/control",
+                 "mps/GPU-2/pipe/control", "runtime-front"):  # fmt: skip
+        os.makedirs(os.path.dirname(os.path.join(run, path)), exist_ok=True)
+        open(os.path.join(run, path), "w").close()
+    bundle = os.path.join(open_dir, "bundle")
+    os.mkdir(bundle)
+    with open(os.path.join(bundle, "runtime"), "w") as fh:
+        fh.write("/opt/nvshim/bin/nvshim-runtime")
+    shim = os.path.join(open_dir, "containerd-shim-runc-v2")
+    shutil.copy(shutil.which("sleep"), shim)
+    running = subprocess.Popen([shim, "60"], cwd=bundle)
+    try:
+        time.sleep(0.2)
+        assert _uninstall_cleans(host, "/run/nvshim") == [f"removed 2 cache entries in {run}"]
+        assert sorted(os.listdir(run)) == ["dra-mps", "exec", "rdma-claims"]
+    finally:
+        running.kill()
+        running.wait()
+    assert _uninstall_cleans(host, "/run/nvshim") == [f"removed 2 cache entries in {run}"]
+    assert os.listdir(run) == ["dra-mps"]
+    assert os.path.exists(os.path.join(run, "dra-mps/GPU-1/pipe/control"))

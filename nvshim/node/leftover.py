@@ -9,8 +9,9 @@ in Terminating), so the uninstall switches the prefix to a pass-through tree
 to the low-level runtime, and after a delete it looks at containerd's task directory
 (the calling shim's bundle's parent's parent): when no bundle there names this path
 while the runtime still keeps its state, it removes the script, its tree and the prefix
-link, with the exec markers the uninstall kept for those containers (of two last
-deletes at once, the later one always sees the other gone). The next install replaces it.
+link, with the exec markers and NIC claims the uninstall kept for those containers (of
+two last deletes at once, the later one always sees the other gone). The next install
+replaces it.
 
 CRI-O has no shim: CRI-O itself (and conmon, for execs) calls the runtime of the
 container's handler, and it keeps the handler it read at start until it restarts (1.36: a
@@ -84,8 +85,8 @@ else
     done
 fi
 [ "$(readlink "$link")" = "$target" ] && rm -f "$link"
-rm -rf "$tree" {markers}
-rmdir "${{tree%/*}}" {cache} $crio_root 2>/dev/null
+rm -rf "$tree" {state}
+rmdir "${{tree%/*}}" {parents} $crio_root 2>/dev/null
 exit $rc
 """
 
@@ -127,12 +128,13 @@ def users(s: NodeSettings) -> list[str]:
     return shim_users(s.runtime_path) + crio_users(s)
 
 
-def script_text(s: NodeSettings, runtimes: list[str]) -> str:
-    """The pass-through script for this install's paths (host paths)."""
+def script_text(s: NodeSettings, runtimes: list[str], state: list[str]) -> str:
+    """The pass-through script for this install's paths (host paths); ``state``: what the
+    containers keep (``nvshim.node.steps.container_state``), removed with the last one,
+    with the directories holding it when they are left empty."""
     from nvshim.install import versions_dir
-    from nvshim.runtime import MARKER_DIR
-    from nvshim.trusted import DEFAULT_CACHE_DIR
 
+    parents = sorted({os.path.dirname(path) for path in state})
     tree = os.path.join(versions_dir(s.prefix), TREE)
     quoted = [shlex.quote(r) for r in runtimes]
     return _SCRIPT.format(
@@ -143,20 +145,21 @@ def script_text(s: NodeSettings, runtimes: list[str]) -> str:
         tree=shlex.quote(tree),
         runtimes=" ".join(quoted),
         runtimes_text=", ".join(runtimes).replace('"', ""),
-        markers=shlex.quote(os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR)),
-        cache=shlex.quote(DEFAULT_CACHE_DIR),
+        state=" ".join(shlex.quote(path) for path in state),
+        parents=" ".join(shlex.quote(path) for path in parents),
     )
 
 
-def leave(s: NodeSettings, runtimes: list[str]) -> str:
-    """Write the pass-through tree; return its host path (for ``uninstall_host``)."""
+def leave(s: NodeSettings, runtimes: list[str], state: list[str]) -> str:
+    """Write the pass-through tree (``script_text``); return its host path (for
+    ``uninstall_host``)."""
     from nvshim.fsutil import atomic_write
     from nvshim.install import versions_dir
 
     tree = os.path.join(versions_dir(s.prefix), TREE)
     path = s.here(os.path.join(tree, "bin", "nvshim-runtime"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, script_text(s, runtimes).encode(), mode=0o755, backup=False)
+    atomic_write(path, script_text(s, runtimes, state).encode(), mode=0o755, backup=False)
     return tree
 
 

@@ -95,7 +95,7 @@ def remove_files(s: NodeSettings, say: Say) -> None:
     from nvshim.node import leftover
 
     runtimes = [str(r) for r in host_side_config(s).runtime.runtimes]
-    tree = leftover.leave(s, runtimes)
+    tree = leftover.leave(s, runtimes, container_state(s))
     for path in uninstall_host(s.host_root, s.prefix, switch_to=tree):
         say(f"removed {path}")
 
@@ -125,23 +125,39 @@ def settle_files(s: NodeSettings, say: Say, wait: float = 10.0) -> None:
         time.sleep(0.2)
 
 
+def container_state(s: NodeSettings) -> list[str]:
+    """Host paths of what running containers still need from nvshim after an uninstall
+    (their exec markers, their NIC claims): kept while they run, removed by the
+    pass-through with the last of them."""
+    from nvshim.pairing.claims import DIR as CLAIMS_DIR
+    from nvshim.runtime import MARKER_DIR
+    from nvshim.trusted import DEFAULT_CACHE_DIR
+
+    inventory = host_side_config(s).runtime.inventory_dir
+    return [os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR), os.path.join(inventory, CLAIMS_DIR)]
+
+
 def clean_run_dirs(s: NodeSettings, say: Say) -> None:
     """Remove nvshim's caches on the host (the inventory directory and the cache directory,
     both ``/run/nvshim`` by default: docs/configuration.md#directories); the node lock file
     stays until the lock is released. While containers still run through nvshim their exec
     markers stay (an install coming back must still enforce on their execs); the
-    pass-through removes them with itself. A directory another user could change
+    pass-through removes them with itself; so do the NIC claims of those containers
+    (``rdma-claims`` in the inventory directory: a new container must not take a NIC
+    they still hold). The DRA driver's MPS root (``nvshim.dra.DEFAULT_MPS_ROOT``, in the
+    cache directory on its DaemonSet) is its own and stays: its claims' daemons, pipes
+    and logs serve running pods. A directory another user could change
     (``nvshim.trusted.open_trusted_dir`` of its path under the host root, no symlink
     followed: where nvshim writes nothing) is left as it is, with a warning."""
+    from nvshim.dra import DEFAULT_MPS_ROOT
     from nvshim.fsutil import remove_tree
     from nvshim.node.leftover import users
-    from nvshim.runtime import MARKER_DIR
     from nvshim.trusted import DEFAULT_CACHE_DIR, UntrustedDir, open_trusted_dir
 
     inventory = host_side_config(s).runtime.inventory_dir
-    keep = {s.here(s.pid_file)}
+    keep = {s.here(s.pid_file), s.here(DEFAULT_MPS_ROOT)}
     if users(s):
-        keep.add(s.here(os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR)))
+        keep.update(s.here(path) for path in container_state(s))
     for host_dir in sorted({inventory, DEFAULT_CACHE_DIR}):
         top = os.path.normpath(os.path.join(s.host_root, host_dir.lstrip("/")))
         try:

@@ -608,3 +608,28 @@ def test_podman_run_sees_host_run_only_where_kept(tmp_path, rootfs):
         assert "hidden/file" in results["hidden"].stderr
     finally:
         shutil.rmtree(host_dir)
+
+
+def test_the_inlined_schema_judges_as_jsonschema_resolving_its_references():
+    """nvshim inlines the schema's ``$ref``s once (jsonschema resolving each at every use
+    took most of a large spec's validation): on every corpus file the errors are those of
+    jsonschema's own validator resolving the two schema files' references."""
+    from bench.cdi_validate import resolving_validator
+    from nvshim.cdi import validate
+
+    resolving = resolving_validator()
+    inlined = validate._schema_validator()
+
+    def errors(validator, data):
+        found = validator.iter_errors(data)
+        return sorted((list(map(str, e.absolute_path)), e.message) for e in found)
+
+    judged = 0
+    for path in VALID + INVALID:
+        try:
+            data = load_spec_file(path)
+        except NvshimError:
+            continue  # a syntax error: no schema to apply
+        assert errors(inlined, data) == errors(resolving, data), path
+        judged += bool(errors(resolving, data))
+    assert judged >= 5  # the corpus holds schema violations, not only valid specs

@@ -445,25 +445,38 @@ def _overlaps(a: str, b: str) -> bool:
     return long.startswith(short) and long[len(short)] in ".["
 
 
+def _inlined(node: Any, docs: dict[str, dict], doc: str) -> Any:
+    """``node`` of schema file ``doc`` with every ``$ref`` replaced by what it names
+    (``FILE#/definitions/NAME`` or ``#/...`` within ``doc``): CDI's schema has no
+    recursion, and jsonschema resolving a reference at each use of it took most of a
+    large spec's validation."""
+    if isinstance(node, list):
+        return [_inlined(item, docs, doc) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str):  # draft 7: a $ref's siblings are ignored
+        name, _, pointer = ref.partition("#")
+        target_doc = name or doc
+        target: Any = docs[target_doc]
+        for part in pointer.strip("/").split("/") if pointer.strip("/") else ():
+            target = target[part]
+        return _inlined(target, docs, target_doc)
+    return {key: _inlined(value, docs, doc) for key, value in node.items()}
+
+
 @functools.lru_cache(maxsize=1)
 def _schema_validator() -> Any:
     import jsonschema
-    from referencing import Registry, Resource
-    from referencing.jsonschema import DRAFT7
 
-    base = "https://nvshim.invalid/cdi/"
     here = os.path.join(os.path.dirname(__file__), "schema")
-    with open(os.path.join(here, "schema.json"), encoding="utf-8") as fh:
-        root = json.load(fh)
-    with open(os.path.join(here, "defs.json"), encoding="utf-8") as fh:
-        defs = json.load(fh)
-    registry = Registry().with_resources(
-        [
-            (base + "schema.json", Resource.from_contents(root, default_specification=DRAFT7)),
-            (base + "defs.json", Resource.from_contents(defs, default_specification=DRAFT7)),
-        ]
-    )
-    return jsonschema.Draft7Validator({**root, "$id": base + "schema.json"}, registry=registry)
+    docs = {}
+    for name in ("schema.json", "defs.json"):
+        with open(os.path.join(here, name), encoding="utf-8") as fh:
+            docs[name] = json.load(fh)
+    root = _inlined(docs["schema.json"], docs, "schema.json")
+    root.pop("definitions", None)  # inlined where used
+    return jsonschema.Draft7Validator(root)
 
 
 def _schema_problems(data: Any, source: str) -> list[tuple[str | None, str]]:

@@ -706,8 +706,16 @@ def test_dra_and_the_node_installer_come_and_go_independently(cluster, launchers
         dra_down()  # DRA removed while the node installer runs
         node_installed(node)
         driver = dra_up()
+        # what a claim's MPS daemon keeps in the DRA driver's MPS root (in /run/nvshim,
+        # which the node installer's uninstall empties of its own caches)
+        kept = k8s.path("/run/nvshim/dra-mps/GPU-kept/log/control.log")
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        with open(kept, "w") as fh:
+            fh.write("a claim's daemon log\n")
         node_down()  # the node installer removed while DRA runs
         dra_installed(driver)
+        assert open(kept).read() == "a claim's daemon log\n"
+        shutil.rmtree(k8s.path("/run/nvshim/dra-mps/GPU-kept"))
         node = node_up()  # DRA first
         dra_installed(driver)
         dra_down()

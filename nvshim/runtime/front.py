@@ -308,7 +308,7 @@ labelled() {{
   l=${{sr:-/run/runc}}/$1/state.json
   [ -f "$l" ] || return 1
   tool grep || return 0
-  GREP_OPTIONS= LC_ALL=C "$x" -F -q -e {sh_quote('"' + EXEC_ENV_ANNOTATION + "=")} -- "$l" \
+  GREP_OPTIONS= LC_ALL=C "$x" -F -q -e {sh_quote('"' + EXEC_ENV_ANNOTATION + "=")} -- "$l" \\
     </dev/null >/dev/null 2>&1
   [ "$?" -ne 1 ]
 }}

@@ -94,8 +94,9 @@ def remove_files(s: NodeSettings, say: Say) -> None:
     from nvshim.install import uninstall_host
     from nvshim.node import leftover
 
-    runtimes = [str(r) for r in host_side_config(s).runtime.runtimes]
-    tree = leftover.leave(s, runtimes, container_state(s))
+    runtime = host_side_config(s).runtime
+    runtimes = [str(r) for r in runtime.runtimes]
+    tree = leftover.leave(s, runtimes, container_state(runtime.inventory_dir))
     for path in uninstall_host(s.host_root, s.prefix, switch_to=tree):
         say(f"removed {path}")
 
@@ -125,16 +126,15 @@ def settle_files(s: NodeSettings, say: Say, wait: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-def container_state(s: NodeSettings) -> list[str]:
+def container_state(inventory_dir: str) -> list[str]:
     """Host paths of what running containers still need from nvshim after an uninstall
-    (their exec markers, their NIC claims): kept while they run, removed by the
-    pass-through with the last of them."""
+    (their exec markers, their NIC claims in ``inventory_dir``, the host config's): kept
+    while they run, removed by the pass-through with the last of them."""
     from nvshim.pairing.claims import DIR as CLAIMS_DIR
     from nvshim.runtime import MARKER_DIR
     from nvshim.trusted import DEFAULT_CACHE_DIR
 
-    inventory = host_side_config(s).runtime.inventory_dir
-    return [os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR), os.path.join(inventory, CLAIMS_DIR)]
+    return [os.path.join(DEFAULT_CACHE_DIR, MARKER_DIR), os.path.join(inventory_dir, CLAIMS_DIR)]
 
 
 def clean_run_dirs(s: NodeSettings, say: Say) -> None:
@@ -157,7 +157,7 @@ def clean_run_dirs(s: NodeSettings, say: Say) -> None:
     inventory = host_side_config(s).runtime.inventory_dir
     keep = {s.here(s.pid_file), s.here(DEFAULT_MPS_ROOT)}
     if users(s):
-        keep.update(s.here(path) for path in container_state(s))
+        keep.update(s.here(path) for path in container_state(inventory))
     for host_dir in sorted({inventory, DEFAULT_CACHE_DIR}):
         top = os.path.normpath(os.path.join(s.host_root, host_dir.lstrip("/")))
         try:

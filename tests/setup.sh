@@ -19,6 +19,8 @@ done
 # the test cluster's pod network (tests/k8s): bridge + host-local; CRI-O's libraries
 [ -e /usr/lib/x86_64-linux-gnu/libsqlite3.so.0 ] || need_pkgs+=(libsqlite3-0)
 [ -x /usr/lib/cni/bridge ] || need_pkgs+=(containernetworking-plugins)
+# crun's library (crun itself is unpacked into the test cache below)
+[ -e /usr/lib/x86_64-linux-gnu/libyajl.so.2 ] || need_pkgs+=(libyajl2)
 /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3 python3-venv)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "setup: installing ${need_pkgs[*]}" >&2
@@ -42,4 +44,19 @@ if [ ! -x .venv/bin/python3 ] || [ ! -e "$stamp" ] || [ setup.py -nt "$stamp" ];
     fi
     rm -f "$log"
     touch "$stamp"
+fi
+
+# crun, nvshim's second low-level runtime (tests/crun_util.py): unpacked from Debian's
+# package into the test cache, never installed (an installed crun becomes podman's default)
+crun_dir=${NVSHIM_TEST_CACHE:-/tmp/nvshim-test-cache}/crun
+if [ ! -x "$crun_dir/usr/bin/crun" ]; then
+    echo "setup: unpacking crun into $crun_dir" >&2
+    source tests/apt_wait.sh
+    rm -rf "$crun_dir.tmp" && mkdir -p "$crun_dir.tmp"
+    (cd "$crun_dir.tmp" && apt-get download -qq crun 2>/dev/null) || {
+        apt_wait apt-get update -qq
+        (cd "$crun_dir.tmp" && apt-get download -qq crun)
+    }
+    dpkg-deb -x "$crun_dir.tmp"/crun_*.deb "$crun_dir.tmp/root"
+    rm -rf "$crun_dir" && mv "$crun_dir.tmp/root" "$crun_dir" && rm -rf "$crun_dir.tmp"
 fi

@@ -4,6 +4,7 @@ first process got; a container nvshim did not prepare is handed on untouched."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -11,6 +12,7 @@ import subprocess
 
 import pytest
 
+from tests.crun_util import CRUN, crun_namespace
 from tests.podman_util import in_podman_namespace, podman_command
 from tests.runc_util import RUNC_ENV, daemon_calls, make_bundle, start_daemon
 from tests.test_mps_enforce import GPU1, MIG_6_1, shared_host  # noqa: F401 - fixture
@@ -27,19 +29,22 @@ def _env_of(stdout: str) -> dict[str, str]:
 
 
 class Containers:
-    """Containers created through nvshim-runtime and real runc, removed at the end."""
+    """Containers created through nvshim-runtime and real runc (or the low-level runtime
+    ``config`` names, its calls under ``prefix``), removed at the end."""
 
-    def __init__(self, host, tmp_path):
+    def __init__(self, host, tmp_path, config: str | None = None, prefix: tuple = ()):
         self.host = host
         self.tmp = tmp_path
         self.root = str(tmp_path / "runc-root")
         self.runtime = os.path.join(host.launchers, "nvshim-runtime")
+        self.config = config or host.config()
+        self.prefix = prefix
         self.ids: list[str] = []
 
     def call(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-        env = {**RUNC_ENV, "NVSHIM_CONFIG": self.host.config()}
+        env = {**RUNC_ENV, "NVSHIM_CONFIG": self.config}
         proc = subprocess.run(
-            [self.runtime, "--root", self.root, *argv],
+            [*self.prefix, self.runtime, "--root", self.root, *argv],
             env=env,
             capture_output=True,
             text=True,
@@ -54,8 +59,8 @@ class Containers:
         bundle = make_bundle(self.tmp, self.host.rootfs, SLEEP, env, annotations, name=cid)
         log = open(self.tmp / f"{cid}.out", "w")
         created = subprocess.run(
-            [self.runtime, "--root", self.root, "create", "--bundle", bundle, cid],
-            env={**RUNC_ENV, "NVSHIM_CONFIG": self.host.config()},
+            [*self.prefix, self.runtime, "--root", self.root, "create", "--bundle", bundle, cid],
+            env={**RUNC_ENV, "NVSHIM_CONFIG": self.config},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -80,16 +85,16 @@ class Containers:
             self.call("delete", "--force", cid, check=False)
 
 
-@pytest.fixture(params=["in-process", "daemon"])
-def containers(shared_host, tmp_path, request):  # noqa: F811 - the imported fixture
+@contextlib.contextmanager
+def _containers(host, tmp_path, served: bool, config: str | None = None, prefix: tuple = ()):
     """Containers through nvshim-runtime alone, or with nvshim-runtimed doing its work
     (the same cache dir: stopped, and its socket gone, before the next test)."""
     daemon = None
-    if request.param == "daemon":
-        env = {**RUNC_ENV, "NVSHIM_CONFIG": shared_host.config()}
+    c = Containers(host, tmp_path, config, prefix)
+    if served:
+        env = {**RUNC_ENV, "NVSHIM_CONFIG": c.config}
         log = tmp_path / "nvshim-runtimed.log"
-        daemon = start_daemon(shared_host.launchers, env, log, "--verbose")
-    c = Containers(shared_host, tmp_path)
+        daemon = start_daemon(host.launchers, env, log, "--verbose", prefix=prefix)
     yield c
     c.cleanup()
     if daemon is not None:
@@ -97,6 +102,28 @@ def containers(shared_host, tmp_path, request):  # noqa: F811 - the imported fix
         assert daemon.wait(timeout=60) == 0
         assert any(" exec " in f" {s}" for s in daemon_calls(log))
         assert daemon_calls(log, "declined") == []
+
+
+@pytest.fixture(params=["in-process", "daemon"])
+def containers(shared_host, tmp_path, request):  # noqa: F811 - the imported fixture
+    with _containers(shared_host, tmp_path, request.param == "daemon") as c:
+        yield c
+
+
+@pytest.fixture(params=["in-process", "daemon"])
+def crun_containers(shared_host, tmp_path, request):  # noqa: F811 - the imported fixture
+    """The same with crun as nvshim's low-level runtime (crun keeps no labels: nvshim
+    reads the annotations of the spec it created the container from)."""
+    config = tmp_path / "crun.toml"
+    text = open(shared_host.config()).read()
+    config.write_text(text.replace('runtimes = ["runc"]', f"runtimes = [{CRUN!r}]"))
+    assert config.read_text().count(CRUN) == 1
+    served = request.param == "daemon"
+    with (
+        crun_namespace() as prefix,
+        _containers(shared_host, tmp_path, served, str(config), prefix) as c,
+    ):
+        yield c
 
 
 @pytest.mark.parametrize("gpu, shared", [(GPU1, True), (MIG_6_1, False)])
@@ -152,6 +179,33 @@ def test_exec_is_enforced_after_the_marker_is_lost(containers):
     assert env["CUDA_VISIBLE_DEVICES"] == GPU1 and env["PATH"] == "/bin"
     assert "CUDA_VISIBLE_DEVICES" not in containers.exec_env(plain)
     assert not os.path.exists(marker)  # an exec writes no marker back
+
+
+def test_crun_exec_gets_the_first_process_variables(crun_containers):
+    """With crun under nvshim, an exec's --env and process file (what CRI-O and podman
+    hand crun) cannot widen CUDA_VISIBLE_DEVICES or move the MPS pipe, with its marker
+    or without it, and a container nvshim did not prepare execs untouched."""
+    c = crun_containers
+    cid = c.start({"NVIDIA_VISIBLE_DEVICES": GPU1})
+    plain = c.start({"PATH": "/bin"})
+    state = os.path.join(c.root, cid)
+    assert sorted(os.listdir(state)) == ["config.json", "status"]  # crun's, not runc's
+    marker = os.path.join(os.environ["NVSHIM_CACHE_DIR"], "exec", cid)
+    for lost in (False, True):
+        if lost:
+            os.unlink(marker)
+        escaped = c.exec_env(cid, "-e", "CUDA_VISIBLE_DEVICES=all")
+        assert escaped["CUDA_VISIBLE_DEVICES"] == GPU1
+        assert escaped["CUDA_MPS_PIPE_DIRECTORY"] == PIPE
+        path = c.process_file(["PATH=/bin", "CUDA_VISIBLE_DEVICES=all"])
+        env = _env_of(c.call("exec", "--process", path, cid).stdout)
+        assert env["CUDA_VISIBLE_DEVICES"] == GPU1 and env["PATH"] == "/bin"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == PIPE
+    path = c.process_file(["PATH=/bin", "CUDA_VISIBLE_DEVICES=7"])
+    assert _env_of(c.call("exec", "-p", path, plain).stdout) == {
+        "PATH": "/bin",
+        "CUDA_VISIBLE_DEVICES": "7",
+    }
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,10 @@ variables the policy set for its first process (``CUDA_VISIBLE_DEVICES``, the MP
 share's ``CUDA_MPS_*``); a user's ``CUDA_VISIBLE_DEVICES`` is kept only when it names
 injected devices, as at create.
 
-At create nvshim records those entries in the ``nvshim.io/exec-env`` annotation; runc
-keeps annotations as labels in its ``state.json``, which is where they are read back.
-A container without it is not touched: its process file is handed on byte-identical.
+At create nvshim records those entries in the ``nvshim.io/exec-env`` annotation, read
+back from the low-level runtime's state of the container: runc keeps annotations as
+labels in its ``state.json``, crun keeps the created ``config.json``. A container
+without it is not touched: its process file is handed on byte-identical.
 """
 
 from __future__ import annotations
@@ -31,12 +32,22 @@ def runc_root(global_root: str | None) -> str:
     return "/run/runc"
 
 
-def runc_state(root: str, container_id: str) -> dict | None:
-    """runc's ``state.json`` of ``container_id`` (None when there is no such container or
-    the id is not one runc accepts)."""
+def crun_root(global_root: str | None) -> str:
+    """crun's state directory: ``--root``, else its default for this user."""
+    if global_root:
+        return global_root
+    if os.geteuid() != 0 and os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "crun")
+    return "/run/crun"
+
+
+def runc_state(root: str, container_id: str, name: str = "state.json") -> dict | None:
+    """runc's ``state.json`` of ``container_id`` (``name``: another JSON file of its
+    state directory, crun's ``config.json``); None when there is no such container or
+    the id is not one runc accepts."""
     if "/" in container_id or container_id in ("", ".", ".."):
         return None
-    path = os.path.join(root, container_id, "state.json")
+    path = os.path.join(root, container_id, name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -68,6 +79,24 @@ def container_labels(root: str, container_id: str) -> dict[str, str] | None:
                 raise NvshimError(f"container {container_id}: annotation {key} given twice")
             out[key] = value
     return out
+
+
+def crun_annotations(root: str, container_id: str) -> dict[str, str] | None:
+    """The annotations of the spec crun created ``container_id`` from (the copy in its
+    state directory), or None."""
+    config = runc_state(root, container_id, "config.json")
+    annotations = config.get("annotations") if config is not None else None
+    if not isinstance(annotations, dict):
+        return None
+    return {k: v for k, v in annotations.items() if isinstance(v, str)}
+
+
+def container_annotations(runtime: str, global_root: str | None, container_id: str):
+    """The annotations the low-level ``runtime`` keeps for ``container_id`` (crun's
+    layout for a runtime named crun, runc's for any other), or None."""
+    if os.path.basename(runtime) == "crun":
+        return crun_annotations(crun_root(global_root), container_id)
+    return container_labels(runc_root(global_root), container_id)
 
 
 def enforced_entries(labels: dict[str, str]) -> tuple[list[str], list[str]] | None:
@@ -129,9 +158,13 @@ def _keep_below(args) -> int:
     return total + 64
 
 
-def _form(argv: list[str], flag) -> str:
-    """The name a flag was given by (``e`` or ``env``...)."""
-    return argv[flag.start].lstrip("-").split("=", 1)[0]
+def _spelt(argv: list[str], flag, name: str, crun: bool) -> str:
+    """How to spell flag ``name`` for a value nvshim adds: as the caller spelt ``flag``
+    (``-e``, ``--env``...; runc refuses two forms of one flag), or ``--name`` for crun,
+    whose getopt reads ``-e=V`` as ``-e`` with the value ``=V``."""
+    if crun or flag is None:
+        return f"--{name}" if crun else f"-{name}"
+    return "-" + argv[flag.start].lstrip("-").split("=", 1)[0]
 
 
 def _process_object(path: str) -> dict | None:
@@ -149,15 +182,17 @@ def _process_object(path: str) -> dict | None:
     return process
 
 
-def rewrite_exec(args, argv: list[str]) -> tuple[list[str], list[int]]:
-    """``argv`` of an ``exec`` call with the enforced variables added (unchanged, the
-    same list, for a container nvshim did not prepare), and the fds that argv names:
-    they must reach runc at those numbers."""
-    labels = container_labels(runc_root(args.globals.get("root")), args.container_id or "")
+def rewrite_exec(args, argv: list[str], runtime: str) -> tuple[list[str], list[int]]:
+    """``argv`` of an ``exec`` call to the low-level ``runtime`` with the enforced
+    variables added (unchanged, the same list, for a container nvshim did not prepare),
+    and the fds that argv names: they must reach the runtime at those numbers."""
+    root = args.globals.get("root")
+    labels = container_annotations(runtime, root, args.container_id or "")
     found = enforced_entries(labels) if labels is not None else None
     if found is None:
         return argv, []
     entries, uuids = found
+    crun = os.path.basename(runtime) == "crun"
     process_flags = [f for f in args.flags if f.name == "process"]
     if process_flags:
         path = process_flags[-1].value
@@ -172,12 +207,12 @@ def rewrite_exec(args, argv: list[str]) -> tuple[list[str], list[int]]:
         last = process_flags[-1].start
         out = []
         for i, token in enumerate(argv):
-            if i == last:  # the form the caller used: runc refuses -p and --process together
-                out.append(f"-{_form(argv, process_flags[-1])}=/proc/self/fd/{fd}")
+            if i == last:  # one process flag: runc refuses -p and --process together
+                out.append(f"{_spelt(argv, process_flags[-1], 'process', crun)}=/proc/self/fd/{fd}")
             elif i not in spans:
                 out.append(token)
         return out, [fd]
     given = [f for f in args.flags if f.name == "env"]
-    form = _form(argv, given[-1]) if given else "env"
-    added = [f"-{form}={e}" for e in exec_env(args.values("env"), entries, uuids)]
+    flag = _spelt(argv, given[-1] if given else None, "env", crun)
+    added = [f"{flag}={e}" for e in exec_env(args.values("env"), entries, uuids)]
     return [*argv[: args.flags_end], *added, *argv[args.flags_end :]], []

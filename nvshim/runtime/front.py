@@ -17,9 +17,10 @@ the global flags (runc's table, from ``nvshim.runtime.args``) up to the command 
   for a GPU but has an exec marker left for its id (a container nvshim prepared once,
   whose delete failed) goes to Python, which drops the stale marker;
 - ``exec``: starts Python only when the container id has a marker (nvshim prepared it),
-  or, without one, when runc's ``state.json`` of it (under ``--root``) holds nvshim's
-  ``nvshim.io/exec-env`` label (``grep -F``): a marker lost with the cache directory
-  must not let an exec escape the enforcement;
+  or, without one, when the low-level runtime's state of it (under ``--root``: runc's
+  ``state.json``, crun's ``config.json``) holds nvshim's ``nvshim.io/exec-env``
+  annotation (``grep -F``): a marker lost with the cache directory must not let an exec
+  escape the enforcement;
 - ``delete`` of a container with a marker: runs the low-level runtime as its child and
   removes the marker (``rm``) once it deleted the container, unless nvshim-runtimed keeps
   its slots and the marker names a state root (the daemon sweeps it once the container
@@ -301,14 +302,18 @@ pass() {{
   [ -n "$rt" ] || py "$@"
   [ -z "$h" ] && [ "$v" ] && printf '%s\\n' {sh_quote(f"nvshim-runtime version {__version__}")}
 }}
-# labelled ID: runc's state of container ID (under --root, else root's default) may hold
-# nvshim's exec-env label: nvshim prepared it though its marker is gone (a cache directory
-# emptied under a running container); a grep that fails says yes: Python decides
+# labelled ID: the low-level runtime's state of container ID (under --root, else root's
+# default: runc's state.json, crun's copy of config.json) may hold nvshim's exec-env
+# annotation: nvshim prepared it though its marker is gone (a cache directory emptied
+# under a running container); a grep that fails says yes: Python decides
 labelled() {{
-  l=${{sr:-/run/runc}}/$1/state.json
+  case ${{rt##*/}} in
+  crun) l=${{sr:-/run/crun}}/$1/config.json ;;
+  *) l=${{sr:-/run/runc}}/$1/state.json ;;
+  esac
   [ -f "$l" ] || return 1
   tool grep || return 0
-  GREP_OPTIONS= LC_ALL=C "$x" -F -q -e {sh_quote('"' + EXEC_ENV_ANNOTATION + "=")} -- "$l" \\
+  GREP_OPTIONS= LC_ALL=C "$x" -F -q -e {sh_quote('"' + EXEC_ENV_ANNOTATION)} -- "$l" \\
     </dev/null >/dev/null 2>&1
   [ "$?" -ne 1 ]
 }}

@@ -78,7 +78,7 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
             if args.action == "exec":
                 from nvshim.runtime.execenv import rewrite_exec
 
-                argv, keep = rewrite_exec(args, argv)
+                argv, keep = rewrite_exec(args, argv, runtime)
             elif args.action == "delete":
                 # as the sh front does: the exec marker goes once runc deleted the container
                 from nvshim.runtime.markers import delete_unmarking

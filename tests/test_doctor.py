@@ -502,6 +502,36 @@ def test_missing_ld_cache_warns_driver(nodes):
     assert code == 0
 
 
+def test_a_runtime_other_than_runc_or_crun_warns_exec_enforcement(nodes, tmp_path):
+    """nvshim reads a GPU container's exec-env annotation from runc's or crun's state: a
+    node whose low-level runtime is another one gets a warning (its execs go unchecked);
+    crun is named with where its state is read."""
+    from tests.crun_util import CRUN
+
+    node = nodes("single")
+    other = tmp_path / "runsc"
+    other.write_text('#!/bin/sh\nexec runc "$@"\n')
+    other.chmod(0o755)
+    results = {}
+    for runtime in (str(other), CRUN):
+        config = tmp_path / f"{os.path.basename(runtime)}.toml"
+        text = node.config.read_text().replace(
+            "[runtime]\n", f"[runtime]\nruntimes = [{runtime!r}]\n"
+        )
+        config.write_text(text)
+        code, results[runtime] = node.doctor(config=config)
+        assert code == 0  # a warning does not fail the node
+    node.assert_only(results[str(other)], {"exec-enforcement": "warn"})
+    assert results[str(other)]["exec-enforcement"][1].startswith(
+        f"{other} is neither runc nor crun"
+    )
+    node.assert_only(results[CRUN], {})
+    assert results[CRUN]["exec-enforcement"] == (
+        "ok",
+        f"{CRUN}: read from crun's /run/crun/ID/config.json",
+    )
+
+
 def test_every_check_is_in_the_node_health_table():
     """docs/node-health.md's table names each registered check, in report order."""
     import re

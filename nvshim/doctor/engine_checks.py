@@ -230,3 +230,30 @@ def exec_markers(ctx: Context):
     except OSError:
         count = 0
     return ok("exec-markers", f"{count} exec marker(s) in {directory}, none stale{kept}")
+
+
+@check("exec-enforcement", "the low-level runtime keeps the state exec enforcement reads")
+def exec_enforcement(ctx: Context):
+    from nvshim.runtime.execenv import crun_root, runc_root
+    from nvshim.runtime.lowlevel import find_runtime
+
+    runtimes = ctx.config.runtime.runtimes
+    runtime = find_runtime(runtimes, ctx.env.get("PATH"))
+    if runtime is None:
+        raise Skip(f"no low-level runtime found here (tried {', '.join(runtimes)})")
+    name = os.path.basename(runtime)
+    if name == "crun":
+        return ok(
+            "exec-enforcement", f"{runtime}: read from crun's {crun_root(None)}/ID/config.json"
+        )
+    if name == "runc":
+        return ok(
+            "exec-enforcement", f"{runtime}: read from runc's {runc_root(None)}/ID/state.json"
+        )
+    return warn(
+        "exec-enforcement",
+        f"{runtime} is neither runc nor crun: nvshim looks for a GPU container's"
+        " nvshim.io/exec-env annotation where runc keeps it, so an exec's --env or process"
+        " file may set CUDA_VISIBLE_DEVICES and CUDA_MPS_* unchecked",
+        "name runc or crun first in [runtime] runtimes",
+    )

@@ -8,6 +8,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +17,7 @@ import yaml
 from nvshim.host.discover import discover_host
 from nvshim.host.model import Host
 from nvshim.mps import compute
-from tests.conftest import run_nvshim
+from tests.conftest import NVSHIM, run_nvshim
 from tests.sim import fake_mps_control
 from tests.sim.simhost import SimHost, build_host
 from tests.test_runtime_races import NOBODY, SYSTEM_PYTHON, as_nobody, open_dir  # noqa: F401
@@ -250,6 +251,50 @@ def test_status_shows_limits_and_catches_drift_and_dead_daemons(mps):
     stop = mps.nvshim("mps", "stop")
     assert stop.returncode == 0, stop.stderr
     assert mps.mode(GPU0) == compute.DEFAULT  # restored although its daemon had died
+
+
+def _control_clients(binary: str) -> set[int]:
+    """Pids of the control binary's client form (no argument) running now."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if argv and argv[-1] == binary.encode() and b"-d" not in argv:
+            found.add(int(pid))
+    return found
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("mps", "status", "--json"), ("doctor", "--only", "mps-daemons", "--json")],
+    ids=["mps-status", "doctor"],
+)
+def test_hung_daemons_are_queried_at_once(mps, argv):
+    """Each daemon's health query waits up to 10 s for an answer: hung daemons are
+    queried at once (one wait in all, not one per device). Both daemons stopped
+    (SIGSTOP) get their clients at the same time; continued, both answer."""
+    assert mps.nvshim("mps", "start").returncode == 0
+    pids = [mps.pid(GPU0), mps.pid(GPU1)]
+    binary = mps.sim.host_path("/usr/bin/nvidia-cuda-mps-control")
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        env = {**os.environ, "NVSHIM_CONFIG": mps.config}
+        call = subprocess.Popen([NVSHIM, *argv], env=env, stdout=subprocess.PIPE, text=True)
+        most, deadline = 0, time.monotonic() + 8  # under the 10 s a query waits
+        while most < len(pids) and time.monotonic() < deadline and call.poll() is None:
+            most = max(most, len(_control_clients(binary)))
+            time.sleep(0.01)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    out, _ = call.communicate(timeout=60)
+    assert most == len(pids)
+    assert call.returncode == 0, out
+    assert "not answering" not in out and "no answer" not in out
 
 
 def test_unknown_or_unshared_gpu_is_a_usage_error(mps):

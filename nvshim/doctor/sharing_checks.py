@@ -31,7 +31,7 @@ def sharing_config(ctx: Context):
 
 @check("mps-daemons", "every MPS-shared device has a healthy control daemon")
 def mps_daemons(ctx: Context):
-    from nvshim.mps.daemon import daemon_status
+    from nvshim.mps.daemon import daemon_statuses
     from nvshim.mps.service import mps_devices
 
     try:
@@ -42,8 +42,8 @@ def mps_daemons(ctx: Context):
         raise Skip("no MPS-shared device")
     root = ctx.config.sharing.mps_root
     bad = []
-    for uuid, share in shared.items():
-        status = daemon_status(ctx.host(), share, uuid, root)
+    statuses = daemon_statuses(ctx.host(), list(shared.items()), root)
+    for status, share in zip(statuses, shared.values(), strict=True):
         if not status.healthy:
             why = status.problem or ("not running" if not status.running else "not answering")
             bad.append(f"device {share.name}: {why}")

@@ -55,7 +55,7 @@ class NodeCollector:
         yield from self._cdi(ctx)
 
     def _mps(self, ctx: Context):
-        from nvshim.mps.daemon import daemon_status
+        from nvshim.mps.daemon import daemon_statuses
         from nvshim.mps.service import mps_devices
 
         up = GaugeMetricFamily(
@@ -69,12 +69,12 @@ class NodeCollector:
         except Exception:  # noqa: BLE001 - no host or no valid config: no daemons to report
             shared = {}
         root = ctx.config.sharing.mps_root
-        for uuid, share in shared.items():
-            try:
-                healthy = daemon_status(host, share, uuid, root).healthy
-            except NvshimError:
-                healthy = False
-            up.add_metric([share.name, uuid], 1.0 if healthy else 0.0)
+        try:
+            healthy = [s.healthy for s in daemon_statuses(host, list(shared.items()), root)]
+        except NvshimError:
+            healthy = [False] * len(shared)
+        for (uuid, share), up_now in zip(shared.items(), healthy, strict=True):
+            up.add_metric([share.name, uuid], 1.0 if up_now else 0.0)
         yield up
 
     def _containers(self):

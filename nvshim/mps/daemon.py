@@ -24,6 +24,7 @@ from nvshim.record import asdict, record
 COMMAND_TIMEOUT = 10.0  # seconds for one client command round
 START_TIMEOUT = 10.0  # seconds for ``-d`` to return and the pid file to name a live daemon
 STOP_TIMEOUT = 10.0  # seconds for the daemon to exit after ``quit``
+HEALTH_PROBES = 16  # health queries at once (daemon_statuses)
 SHM_SIZE = "64m"
 SHM_OPTIONS = f"size={SHM_SIZE},mode=1777"
 SHM_SOURCE = "nvshim-mps-shm"  # the source of each device's shm tmpfs in the mount table
@@ -683,8 +684,10 @@ def daemon_status(
     uuid: str,
     mps_root: str,
     timeout: float = COMMAND_TIMEOUT,
+    probe: bool = True,
 ) -> DaemonStatus:
-    """Running state, pid, limits, compute mode and health of one device's daemon."""
+    """Running state, pid, limits, compute mode and health of one device's daemon
+    (``probe``: False leaves out the health query, ``probe_health``'s)."""
     from nvshim.mps import compute
 
     dirs = daemon_dirs(mps_root, uuid)
@@ -699,10 +702,39 @@ def daemon_status(
         except NvshimError as err:
             result.problem = str(err)
     if result.running:
-        _fill_health(result, control_binary(host), daemon_env(host, dirs, uuid), timeout)
+        if probe:
+            _fill_health(result, control_binary(host), daemon_env(host, dirs, uuid), timeout)
     elif read_pid_file(dirs.pipe) is not None:
         result.problem = "stale pid file: the daemon it names is not running"
     return result
+
+
+def daemon_statuses(
+    host: Host,
+    devices: list[tuple[str, SharedDevice | None]],
+    mps_root: str,
+    timeout: float = COMMAND_TIMEOUT,
+) -> list[DaemonStatus]:
+    """``daemon_status`` of each (UUID, sharing entry) in ``devices``, in that order. The
+    running daemons' health queries run at once (at most ``HEALTH_PROBES``): hung daemons
+    cost about one ``timeout`` together, not one each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    results = [
+        daemon_status(host, share, uuid, mps_root, timeout, False) for uuid, share in devices
+    ]
+    running = [(r, uuid) for r, (uuid, _) in zip(results, devices, strict=True) if r.running]
+    if not running:
+        return results
+    binary = control_binary(host)
+
+    def probe(item: tuple[DaemonStatus, str]) -> None:
+        result, uuid = item
+        _fill_health(result, binary, daemon_env(host, daemon_dirs(mps_root, uuid), uuid), timeout)
+
+    with ThreadPoolExecutor(min(HEALTH_PROBES, len(running))) as pool:
+        list(pool.map(probe, running))
+    return results
 
 
 def daemon_uuids(mps_root: str) -> list[str]:

@@ -107,8 +107,8 @@ def status_all(config, host: Host, ids: tuple[str, ...] = ()) -> Outcome:
     root = config.sharing.mps_root
     shared, known, picked = _daemon_targets(config, host, ids)
     outcome = Outcome()
-    for uuid in picked:
-        result = daemon.daemon_status(host, shared.get(uuid), uuid, root)
+    devices = [(uuid, shared.get(uuid)) for uuid in picked]
+    for result, uuid in zip(daemon.daemon_statuses(host, devices, root), picked, strict=True):
         result.name = known[uuid]
         outcome.daemons.append(result)
     return outcome

@@ -234,7 +234,7 @@ def exec_markers(ctx: Context):
 
 @check("exec-enforcement", "the low-level runtime keeps the state exec enforcement reads")
 def exec_enforcement(ctx: Context):
-    from nvshim.runtime.execenv import crun_root, runc_root
+    from nvshim.runtime.execenv import runtime_root
     from nvshim.runtime.lowlevel import find_runtime
 
     runtimes = ctx.config.runtime.runtimes
@@ -242,14 +242,10 @@ def exec_enforcement(ctx: Context):
     if runtime is None:
         raise Skip(f"no low-level runtime found here (tried {', '.join(runtimes)})")
     name = os.path.basename(runtime)
-    if name == "crun":
-        return ok(
-            "exec-enforcement", f"{runtime}: read from crun's {crun_root(None)}/ID/config.json"
-        )
-    if name == "runc":
-        return ok(
-            "exec-enforcement", f"{runtime}: read from runc's {runc_root(None)}/ID/state.json"
-        )
+    kept = {"runc": "state.json", "crun": "config.json"}.get(name)
+    if kept is not None:
+        where = f"{runtime_root(name, None)}/ID/{kept}"
+        return ok("exec-enforcement", f"{runtime}: read from {name}'s {where}")
     return warn(
         "exec-enforcement",
         f"{runtime} is neither runc nor crun: nvshim looks for a GPU container's"

@@ -687,7 +687,7 @@ def daemon_status(
     probe: bool = True,
 ) -> DaemonStatus:
     """Running state, pid, limits, compute mode and health of one device's daemon
-    (``probe``: False leaves out the health query, ``probe_health``'s)."""
+    (``probe``: False leaves the health query out, for ``daemon_statuses`` to make)."""
     from nvshim.mps import compute
 
     dirs = daemon_dirs(mps_root, uuid)

@@ -23,28 +23,25 @@ MAX_PROCESS = 4 << 20
 CVD = "CUDA_VISIBLE_DEVICES"
 
 
+def runtime_root(runtime: str, global_root: str | None) -> str:
+    """The state directory of the low-level runtime named ``runtime`` (runc, crun):
+    ``--root``, else its default for this user."""
+    if global_root:
+        return global_root
+    if os.geteuid() != 0 and os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], runtime)
+    return f"/run/{runtime}"
+
+
 def runc_root(global_root: str | None) -> str:
     """runc's state directory: ``--root``, else its default for this user."""
-    if global_root:
-        return global_root
-    if os.geteuid() != 0 and os.environ.get("XDG_RUNTIME_DIR"):
-        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "runc")
-    return "/run/runc"
+    return runtime_root("runc", global_root)
 
 
-def crun_root(global_root: str | None) -> str:
-    """crun's state directory: ``--root``, else its default for this user."""
-    if global_root:
-        return global_root
-    if os.geteuid() != 0 and os.environ.get("XDG_RUNTIME_DIR"):
-        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "crun")
-    return "/run/crun"
-
-
-def runc_state(root: str, container_id: str, name: str = "state.json") -> dict | None:
-    """runc's ``state.json`` of ``container_id`` (``name``: another JSON file of its
-    state directory, crun's ``config.json``); None when there is no such container or
-    the id is not one runc accepts."""
+def state_file(root: str, container_id: str, name: str = "state.json") -> dict | None:
+    """The JSON object in file ``name`` of ``container_id``'s state directory under
+    ``root`` (runc's ``state.json``, crun's ``config.json``); None when there is no such
+    container or the id is not one runc accepts."""
     if "/" in container_id or container_id in ("", ".", ".."):
         return None
     path = os.path.join(root, container_id, name)
@@ -66,7 +63,7 @@ def container_labels(root: str, container_id: str) -> dict[str, str] | None:
     each as ``KEY=VALUE``, in Go's random map order: an annotation whose key holds ``=``
     (``nvshim.io/exec-env=["A`` = ``1"]``) gives a label that reads as one of nvshim's,
     so one of nvshim's seen twice is an error."""
-    state = runc_state(root, container_id)
+    state = state_file(root, container_id)
     config = state.get("config") if state is not None else None
     labels = config.get("labels") if isinstance(config, dict) else None
     if not isinstance(labels, list):
@@ -84,7 +81,7 @@ def container_labels(root: str, container_id: str) -> dict[str, str] | None:
 def crun_annotations(root: str, container_id: str) -> dict[str, str] | None:
     """The annotations of the spec crun created ``container_id`` from (the copy in its
     state directory), or None."""
-    config = runc_state(root, container_id, "config.json")
+    config = state_file(root, container_id, "config.json")
     annotations = config.get("annotations") if config is not None else None
     if not isinstance(annotations, dict):
         return None
@@ -95,7 +92,7 @@ def container_annotations(runtime: str, global_root: str | None, container_id: s
     """The annotations the low-level ``runtime`` keeps for ``container_id`` (crun's
     layout for a runtime named crun, runc's for any other), or None."""
     if os.path.basename(runtime) == "crun":
-        return crun_annotations(crun_root(global_root), container_id)
+        return crun_annotations(runtime_root("crun", global_root), container_id)
     return container_labels(runc_root(global_root), container_id)
 
 

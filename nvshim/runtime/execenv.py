@@ -33,11 +33,6 @@ def runtime_root(runtime: str, global_root: str | None) -> str:
     return f"/run/{runtime}"
 
 
-def runc_root(global_root: str | None) -> str:
-    """runc's state directory: ``--root``, else its default for this user."""
-    return runtime_root("runc", global_root)
-
-
 def state_file(root: str, container_id: str, name: str = "state.json") -> dict | None:
     """The JSON object in file ``name`` of ``container_id``'s state directory under
     ``root`` (runc's ``state.json``, crun's ``config.json``); None when there is no such
@@ -88,12 +83,12 @@ def crun_annotations(root: str, container_id: str) -> dict[str, str] | None:
     return {k: v for k, v in annotations.items() if isinstance(v, str)}
 
 
-def container_annotations(runtime: str, global_root: str | None, container_id: str):
-    """The annotations the low-level ``runtime`` keeps for ``container_id`` (crun's
-    layout for a runtime named crun, runc's for any other), or None."""
-    if os.path.basename(runtime) == "crun":
+def container_annotations(crun: bool, global_root: str | None, container_id: str):
+    """The annotations the low-level runtime keeps for ``container_id`` (``crun``: crun's
+    layout, else runc's), or None."""
+    if crun:
         return crun_annotations(runtime_root("crun", global_root), container_id)
-    return container_labels(runc_root(global_root), container_id)
+    return container_labels(runtime_root("runc", global_root), container_id)
 
 
 def enforced_entries(labels: dict[str, str]) -> tuple[list[str], list[str]] | None:
@@ -159,8 +154,10 @@ def _spelt(argv: list[str], flag, name: str, crun: bool) -> str:
     """How to spell flag ``name`` for a value nvshim adds: as the caller spelt ``flag``
     (``-e``, ``--env``...; runc refuses two forms of one flag), or ``--name`` for crun,
     whose getopt reads ``-e=V`` as ``-e`` with the value ``=V``."""
-    if crun or flag is None:
-        return f"--{name}" if crun else f"-{name}"
+    if crun:
+        return f"--{name}"
+    if flag is None:
+        return f"-{name}"
     return "-" + argv[flag.start].lstrip("-").split("=", 1)[0]
 
 
@@ -183,13 +180,12 @@ def rewrite_exec(args, argv: list[str], runtime: str) -> tuple[list[str], list[i
     """``argv`` of an ``exec`` call to the low-level ``runtime`` with the enforced
     variables added (unchanged, the same list, for a container nvshim did not prepare),
     and the fds that argv names: they must reach the runtime at those numbers."""
-    root = args.globals.get("root")
-    labels = container_annotations(runtime, root, args.container_id or "")
+    crun = os.path.basename(runtime) == "crun"
+    labels = container_annotations(crun, args.globals.get("root"), args.container_id or "")
     found = enforced_entries(labels) if labels is not None else None
     if found is None:
         return argv, []
     entries, uuids = found
-    crun = os.path.basename(runtime) == "crun"
     process_flags = [f for f in args.flags if f.name == "process"]
     if process_flags:
         path = process_flags[-1].value

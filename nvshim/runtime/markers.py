@@ -38,12 +38,10 @@ def state_root(root_flag: str | None, runtime: str) -> str:
     name = os.path.basename(runtime)
     if root_flag is not None:
         root = root_flag if name in ("runc", "crun") else ""
-    elif name == "runc":
-        from nvshim.runtime.execenv import runc_root
+    elif name == "runc" or (name == "crun" and os.geteuid() == 0):
+        from nvshim.runtime.execenv import runtime_root
 
-        root = runc_root(None)
-    elif name == "crun" and os.geteuid() == 0:
-        root = "/run/crun"
+        root = runtime_root(name, None)
     else:
         root = ""
     if not root.startswith("/") or "\n" in root or "\0" in root or len(root) >= MAX_MARKER:

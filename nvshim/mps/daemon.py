@@ -678,16 +678,11 @@ def stop_daemon(
     return result
 
 
-def daemon_status(
-    host: Host,
-    shared: SharedDevice | None,
-    uuid: str,
-    mps_root: str,
-    timeout: float = COMMAND_TIMEOUT,
-    probe: bool = True,
+def _daemon_state(
+    host: Host, shared: SharedDevice | None, uuid: str, mps_root: str
 ) -> DaemonStatus:
-    """Running state, pid, limits, compute mode and health of one device's daemon
-    (``probe``: False leaves the health query out, for ``daemon_statuses`` to make)."""
+    """Running state, pid, limits and compute mode of one device's daemon (its health:
+    ``daemon_statuses``)."""
     from nvshim.mps import compute
 
     dirs = daemon_dirs(mps_root, uuid)
@@ -701,10 +696,7 @@ def daemon_status(
                 result.compute_mode = compute.mode_name(compute.get_compute_mode(nvml, uuid))
         except NvshimError as err:
             result.problem = str(err)
-    if result.running:
-        if probe:
-            _fill_health(result, control_binary(host), daemon_env(host, dirs, uuid), timeout)
-    elif read_pid_file(dirs.pipe) is not None:
+    if not result.running and read_pid_file(dirs.pipe) is not None:
         result.problem = "stale pid file: the daemon it names is not running"
     return result
 
@@ -715,14 +707,13 @@ def daemon_statuses(
     mps_root: str,
     timeout: float = COMMAND_TIMEOUT,
 ) -> list[DaemonStatus]:
-    """``daemon_status`` of each (UUID, sharing entry) in ``devices``, in that order. The
-    running daemons' health queries run at once (at most ``HEALTH_PROBES``): hung daemons
-    cost about one ``timeout`` together, not one each."""
+    """Running state, pid, limits, compute mode and health of each (UUID, sharing entry)
+    in ``devices``' daemon, in that order. The running daemons' health queries run at
+    once (at most ``HEALTH_PROBES``): hung daemons cost about one ``timeout`` together,
+    not one each."""
     from concurrent.futures import ThreadPoolExecutor
 
-    results = [
-        daemon_status(host, share, uuid, mps_root, timeout, False) for uuid, share in devices
-    ]
+    results = [_daemon_state(host, share, uuid, mps_root) for uuid, share in devices]
     running = [(r, uuid) for r, (uuid, _) in zip(results, devices, strict=True) if r.running]
     if not running:
         return results

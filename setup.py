@@ -14,6 +14,8 @@ setup(
         "nvshim.cdi": ["schema/*.json"],
         # the unit the node installer writes (one file: packaging/systemd)
         "nvshim.node": ["nvshim-runtimed.service"],
+        # the compiled front's source (its builds are named by its digest: frontbin.py)
+        "nvshim.runtime": ["front.c"],
     },
     install_requires=[
         "nvidia-ml-py>=12.535",

@@ -60,3 +60,10 @@ if [ ! -x "$crun_dir/usr/bin/crun" ]; then
     dpkg-deb -x "$crun_dir.tmp"/crun_*.deb "$crun_dir.tmp/root"
     rm -rf "$crun_dir" && mv "$crun_dir.tmp/root" "$crun_dir" && rm -rf "$crun_dir.tmp"
 fi
+
+# The compiled nvshim-runtime front (nvshim/runtime/frontbin.py), for this source: the
+# tests run it, and the sh front beside it
+if ! .venv/bin/python3 -c 'import sys; from nvshim.runtime.frontbin import built; sys.exit(built() is None)'; then
+    echo "setup: building the compiled nvshim-runtime front" >&2
+    .venv/bin/python3 -m nvshim.runtime.frontbin build >/dev/null
+fi

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from nvshim.runtime import DAEMON_SOCKET
+from nvshim.runtime import DAEMON_SOCKET, frontbin
 from tests.conftest import REPO, write_config
 from tests.debroot import bundle_dir, cached, debian_root_tar, unpack
 from tests.docs_commands import documented
@@ -112,12 +112,12 @@ def test_package_contents_name_final_paths(package, tmp_path):
     for name in ("nvshim", "nvshim-runtime", "nvshim-hook", "nvshim-runtimed"):
         link = tree / "usr" / "bin" / name
         assert os.path.realpath(link) == str(tree) + f"{PREFIX}/bin/{name}"
-        launcher = (tree / PREFIX.lstrip("/") / "bin" / name).read_text()
+        launcher = (tree / PREFIX.lstrip("/") / "bin" / name).read_bytes()
         python = f"{PREFIX}/bin/python3"
-        if name == "nvshim-runtime":  # the sh front execs the same interpreter
-            assert launcher.startswith("#!/bin/sh\n") and f"exec '{python}' -IS -c" in launcher
+        if name == "nvshim-runtime":  # the compiled front execs the same interpreter
+            assert frontbin.fields_of(launcher)["interpreter"] == python
         else:
-            assert launcher.startswith(f"#!{python} -IS\n")
+            assert launcher.startswith(f"#!{python} -IS\n".encode())
     hook = json.loads((tree / HOOK_FILE.lstrip("/")).read_text())
     assert hook["hook"]["path"] == f"{PREFIX}/bin/nvshim-hook"
     # nothing staged names the staging directory

@@ -211,18 +211,19 @@ printf '%s %s\\n' "$s" "$*" >> {log}
 """
 
 
-def counting_runtime(tmp_path, host):
+def counting_runtime(tmp_path, host, compiled: bool | None = None):
     """``nvshim-runtime`` (in ``tmp_path/bin``) whose interpreter records every start in
     a file, with a config for the simulated ``host`` and a cache directory of its own
     (exec markers and the front's cache of one test). Returns the runtime, that file,
-    the environment to call it with (config and cache directory named) and the config."""
+    the environment to call it with (config and cache directory named) and the config.
+    ``compiled``: the compiled front (True), the sh front (False), whichever is built."""
     log = tmp_path / "python-starts"
     counter = tmp_path / "python"
     counter.write_text(_COUNTER.format(log=log, python=real_interpreter()))
     counter.chmod(0o755)
     bin_dir = str(tmp_path / "bin")
     cache = str(tmp_path / "cache")
-    write_launchers(bin_dir, interpreter=str(counter), cache_dir=cache)
+    write_launchers(bin_dir, interpreter=str(counter), cache_dir=cache, compiled=compiled)
     config = write_config(
         tmp_path / "config.toml",
         host,
@@ -239,11 +240,13 @@ def count_lines(path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-@pytest.fixture
-def front(tmp_path, sim_hosts):
+@pytest.fixture(params=["compiled", "sh"])
+def front(request, tmp_path, sim_hosts):
     """Launchers whose interpreter records every start, a fake low-level runtime that
-    records every call, and bundles (a GPU bundle unless told otherwise)."""
-    runtime, log, base_env, config = counting_runtime(tmp_path, sim_hosts("single"))
+    records every call, and bundles (a GPU bundle unless told otherwise); every test of
+    the front runs on the compiled front and on the sh front."""
+    compiled = request.param == "compiled"
+    runtime, log, base_env, config = counting_runtime(tmp_path, sim_hosts("single"), compiled)
     rootfs = make_busybox_rootfs(tmp_path / "rootfs")
     calls = tmp_path / "runc-calls"
     fake = tmp_path / "fake-runc"

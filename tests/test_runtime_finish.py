@@ -44,6 +44,10 @@ class Creates:
         self.bin_dir = bin_dir = str(tmp_path / "bin")
         write_launchers(bin_dir, interpreter=interpreter, cache_dir=self.cache_dir)
         self.runtime = os.path.join(bin_dir, "nvshim-runtime")
+        # the sh front too, for tests that run it with one shell or another
+        sh_dir = str(tmp_path / "sh-bin")
+        write_launchers(sh_dir, interpreter=interpreter, cache_dir=self.cache_dir, compiled=False)
+        self.sh_runtime = os.path.join(sh_dir, "nvshim-runtime")
         self.log = tmp_path / "nvshim.log"
         self.config = write_config(
             tmp_path / "config.toml", sim, bin_dir, tmp_path / "state", self.log,

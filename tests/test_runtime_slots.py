@@ -345,14 +345,15 @@ def test_sigterm_removes_the_slots_and_a_new_daemon_makes_fresh_ones(creates):  
         assert d.stop() == 0
 
 
-@pytest.mark.parametrize("shell", [["dash"], ["bash", "--posix"], ["busybox", "sh"]])
+@pytest.mark.parametrize("shell", [["dash"], ["bash", "--posix"], ["busybox", "sh"], []])
 def test_every_posix_sh_talks_to_the_slots(creates, daemon, shell):  # noqa: F811
     """The front's exchange works under the shells /bin/sh is on nodes (Debian's dash,
     bash elsewhere, busybox's ash; tests/setup.sh installs busybox)."""
     bundle, cid = bundle_for(creates, "shell")
     with open(creates.tmp / f"{cid}.out", "w") as out:
         proc = subprocess.run(
-            [*shell, creates.runtime, "--root", creates.root, "create", "--bundle", bundle, cid],
+            [*shell, creates.sh_runtime if shell else creates.runtime, "--root", creates.root,
+             "create", "--bundle", bundle, cid],
             env=creates.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60,
         )  # fmt: skip
     assert proc.returncode == 0, creates.output(cid)

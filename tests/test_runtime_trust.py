@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import time
 
@@ -35,14 +36,18 @@ from tests.test_runtime_slots import (  # noqa: F401
     wrapped_runc,
 )
 
-SHELLS = {"dash": ["dash"], "bash-posix": ["bash", "--posix"], "busybox": ["busybox", "sh"]}
+# the sh front run by each shell /bin/sh is on nodes, and the compiled front (no shell)
+SHELLS = {"dash": ["dash"], "bash-posix": ["bash", "--posix"], "busybox": ["busybox", "sh"],
+          "compiled": []}  # fmt: skip
 
 
 def run_front(c, shell, *argv: str, cid: str, prefix=(), **kw) -> subprocess.CompletedProcess:
-    """``nvshim-runtime --root R ARGV`` run by ``shell`` (a list), output in ``<cid>.out``."""
+    """``nvshim-runtime --root R ARGV`` run by ``shell`` (a list: the sh front; empty:
+    the installed front, compiled where built), output in ``<cid>.out``."""
+    front = c.sh_runtime if shell else c.runtime
     with open(c.tmp / f"{cid}.out", "a") as out:
         return subprocess.run(
-            [*prefix, *shell, c.runtime, "--root", c.root, *argv],
+            [*prefix, *shell, front, "--root", c.root, *argv],
             env=kw.pop("env", c.env()), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
             timeout=60, **kw,
         )  # fmt: skip
@@ -70,6 +75,11 @@ def _plant(c, how: str, tmp_path) -> None:
         os.symlink(elsewhere, path)
     elif how == "cache-dir-mode":
         os.chmod(c.cache_dir, 0o777)
+    elif how == "acl":  # mode 0700 still, but an ACL entry lets uid 1000 in (ls: drwx------+)
+        entries = [(0x01, 7, 0xFFFFFFFF), (0x02, 7, 1000), (0x04, 0, 0xFFFFFFFF),
+                   (0x10, 7, 0xFFFFFFFF), (0x20, 0, 0xFFFFFFFF)]  # fmt: skip
+        blob = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+        os.setxattr(path, "system.posix_acl_access", blob)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +92,10 @@ def _plant(c, how: str, tmp_path) -> None:
         ("dir-mode", "busybox"),
         ("symlink", "dash"),
         ("cache-dir-mode", "dash"),
+        ("acl", "dash"),
         ("trusted", "dash"),  # the control: the same stand-in is obeyed when trusted
+        *((how, "compiled") for how in
+          ("dir-owner", "fifo-owner", "dir-mode", "symlink", "cache-dir-mode", "acl", "trusted")),
     ],
 )
 def test_a_planted_slot_directory_is_never_used(creates, tmp_path, how, shell):  # noqa: F811

@@ -197,6 +197,52 @@ talk() {{
 """
 
 
+def front_fields(
+    interpreter: str,
+    code: str,
+    cache_dir: str | None = None,
+    slots_name: str | None = None,
+    lost_code: str = "",
+) -> dict[str, str]:
+    """What the compiled front (``nvshim.runtime.frontbin``) needs to make the decisions
+    :func:`front_text` writes into the script, from the same tables and constants."""
+
+    def words(table: dict[str, int], kind: int, skip=("help", "h")) -> str:
+        return " ".join(sorted(_names(table, kind, skip)))
+
+    create, run = COMMAND_FLAGS["create"], COMMAND_FLAGS["run"]
+    return {
+        "interpreter": interpreter,
+        "code": code,
+        "lost-code": lost_code,
+        "cache-dir": cache_dir or DEFAULT_CACHE_DIR,
+        "slots": slots_name or "",
+        "config": DEFAULT_CONFIG,
+        "version": __version__,
+        "front-cache": FRONT_CACHE,
+        "marker-dir": MARKER_DIR,
+        "exec-env": '"' + EXEC_ENV_ANNOTATION,
+        "global-bool": words(GLOBAL_FLAGS, BOOL, ("help", "h", "version", "v")),
+        "global-value": words(GLOBAL_FLAGS, VALUE),
+        "create-bool": words(create, BOOL, ("help", "h", "bundle", "b")),
+        "create-value": words(create, VALUE, ("help", "h", "bundle", "b")),
+        "run-bool": words({n: k for n, k in run.items() if n not in create}, BOOL),
+        "exec-bool": words(COMMAND_FLAGS["exec"], BOOL),
+        "exec-value": words(COMMAND_FLAGS["exec"], VALUE),
+        "slot-count": str(SLOTS),
+        "ack-wait": str(ACK_WAIT),
+        "accepted": ACCEPTED,
+        "declined": DECLINED,
+        "exec": EXEC,
+        "spawn": SPAWN,
+        "exit": EXIT,
+        "done": DONE,
+        "go": GO,
+        "no": NO,
+        "timeout": TIMEOUT,
+    }
+
+
 def front_text(
     interpreter: str,
     code: str,

@@ -8,7 +8,8 @@ running this script), its standard library, nvshim and its dependencies (install
 pip from this checkout), the dynamic loader, glibc and every shared library any of those
 load, so it runs on hosts with an older glibc or no Python at all. The interpreter's
 PT_INTERP and DT_RPATH get long slots (patchelf) that ``nvshim.hostbundle.relocate`` fills with
-the final prefix's loader and library directory. Needs: pip, patchelf, ldd.
+the final prefix's loader and library directory. Needs: pip, patchelf, ldd, and a C
+compiler with a static C library (the compiled nvshim-runtime front, nvshim/runtime/frontbin.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from nvshim.hostbundle import (  # noqa: E402
     tree_digest,
     write_unplaced_launcher,
 )
+from nvshim.runtime import frontbin  # noqa: E402
 
 # Room for any prefix: relocate() writes the real loader and library paths into these.
 INTERP_SLOT = "/" + "nvshim-loader-slot/" * 12 + "ld.so"
@@ -163,6 +165,12 @@ def build(out: str, prefix: str, python: str) -> None:
     install_packages(work)
     loader = bundle_libraries(work)
     check_search_paths(work)
+    # the compiled nvshim-runtime front, static (no library to bundle): every install
+    # from this bundle writes it (nvshim.runtime.frontbin), the sh front otherwise
+    try:
+        frontbin.build(os.path.join(work, SITE, "nvshim", "runtime", "_front"))
+    except (RuntimeError, ValueError) as err:
+        sys.exit(f"build: {err}")
     run("patchelf", "--set-interpreter", INTERP_SLOT, "--force-rpath",
         "--set-rpath", RPATH_SLOT, interpreter)  # fmt: skip
     # Hash-checked-never .pyc: the tree is read-only once installed, and mtimes change

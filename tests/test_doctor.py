@@ -346,6 +346,34 @@ def test_runtime_through_a_pyenv_shim_fails_engine_runtime(nodes, tmp_path):
     assert code == 1
 
 
+@pytest.mark.parametrize("how", ["unfilled", "shim"])
+def test_a_compiled_front_unfit_to_run_fails_engine_runtime(nodes, tmp_path, how):
+    """nvshim-runtime's compiled front: a build never filled in, or one that names a
+    version manager's shim as its interpreter (the front runs it for every GPU create)."""
+    from nvshim.runtime import frontbin
+    from nvshim.runtime.front import front_fields
+
+    node = nodes("single")
+    build = open(frontbin.built(), "rb").read()
+    launcher = tmp_path / "nvshim-runtime"
+    if how == "unfilled":
+        launcher.write_bytes(build)
+    else:
+        shim = tmp_path / ".pyenv" / "shims" / "python3"
+        shim.parent.mkdir(parents=True)
+        shim.write_text('#!/bin/sh\nexec pyenv exec python3 "$@"\n')
+        shim.chmod(0o755)
+        launcher.write_bytes(frontbin.fill(build, front_fields(str(shim), "pass")))
+    launcher.chmod(0o755)
+    config = _stock_config(tmp_path / "etc" / "config.toml", tmp_path / "scratch")
+    configure_containerd(config, str(launcher))
+    code, results = node.doctor("--only", "engine-runtime", engine_config=str(config))
+    expected = {"unfilled": "never filled in (nvshim install writes it)",
+                "shim": "version-manager shim"}[how]  # fmt: skip
+    assert results["engine-runtime"][0] == "fail" and expected in results["engine-runtime"][1]
+    assert code == 1
+
+
 @pytest.mark.parametrize(
     "make, reason",
     [

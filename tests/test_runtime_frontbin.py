@@ -225,3 +225,22 @@ def test_both_fronts_decide_every_call_alike(fronts):
         "py"
     )
     assert fronts("compiled", ["-v", "list"])[1].startswith("nvshim-runtime version ")
+
+
+@pytest.mark.parametrize("how", ["cache-dir-mode", "parent-mode", "file-mode"])
+def test_the_compiled_front_reads_no_cache_others_could_have_written(fronts, tmp_path, how):
+    """A cache directory another user can change (or under one), or a cache file others
+    may write: the compiled front reads nothing there and Python decides (which neither
+    trusts nor writes such a cache); the sh front checks only owners, as before."""
+    cache = tmp_path / "cache"
+    target = {"cache-dir-mode": cache, "parent-mode": tmp_path,
+              "file-mode": cache / "runtime-front"}[how]  # fmt: skip
+    assert fronts("compiled", ["list"])[2][0].startswith("rt ")
+    mode = os.stat(target).st_mode & 0o7777
+    os.chmod(target, mode | 0o002)
+    try:
+        assert fronts("compiled", ["list"])[2][0].startswith("py ")
+        assert fronts("compiled", ["state", "c1"])[2][0].startswith("py ")
+    finally:
+        os.chmod(target, mode)
+    assert fronts("compiled", ["list"])[2][0].startswith("rt ")

@@ -1,5 +1,6 @@
 """Is an executable that runtimes start as root fit for it? Present, executable, and when
-it is a Python launcher, a real interpreter (not a version-manager shim) started ``-I``."""
+it is a Python launcher (or nvshim-runtime's compiled front, which names the interpreter
+in its payload), a real interpreter (not a version-manager shim) started ``-I``."""
 
 from __future__ import annotations
 
@@ -29,6 +30,24 @@ def _interpreter_problem(interpreter: str, flags: str, what: str) -> str | None:
     return None
 
 
+def _compiled_front_problem(path: str) -> str | None:
+    """For nvshim-runtime's compiled front: a build never filled in, or the interpreter it
+    names (any other binary: None)."""
+    from nvshim.runtime.frontbin import UNSET, fields_of
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(16 << 20)
+    except OSError as err:
+        return f"{path}: {err.strerror}"
+    fields = fields_of(data)
+    if fields is None:
+        if UNSET in data:
+            return f"{path}: an nvshim-runtime front never filled in (nvshim install writes it)"
+        return None
+    return _interpreter_problem(fields.get("interpreter", ""), "-IS", path)
+
+
 def launcher_problem(path: str) -> str | None:
     """Why ``path`` is unfit as a runtime or hook binary (None: fit)."""
     if not os.path.isabs(path):
@@ -38,7 +57,7 @@ def launcher_problem(path: str) -> str | None:
     if not os.path.isfile(path) or not os.access(path, os.X_OK):
         return f"{path} is not an executable file"
     if _is_elf(path):
-        return None
+        return _compiled_front_problem(path)
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             head = fh.read(8192)

@@ -188,34 +188,6 @@ static int run_child(const char *rt) {
 
 /* ---- trust ---------------------------------------------------------------------- */
 
-/* the sh front's safe(): $c named plainly, and every directory from it up to (not
- * including) / a real directory of this user's; returns the cache directory's fd */
-static int cache_dir_fd(const char *c) {
-    static const char plain[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._+@:-";
-    size_t len = strlen(c);
-    if (len < 2 || c[0] != '/' || c[len - 1] == '/' || strspn(c, plain) != len ||
-        strstr(c, "//") || strstr(c, "/./") || strstr(c, "/../") ||
-        (len >= 2 && strcmp(c + len - 2, "/.") == 0) ||
-        (len >= 3 && strcmp(c + len - 3, "/..") == 0))
-        return -1;
-    int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    char *copy = strdup(c), *save = NULL;
-    for (char *part = strtok_r(copy + 1, "/", &save); fd >= 0 && part;
-         part = strtok_r(NULL, "/", &save)) {
-        int next = openat(fd, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        struct stat st;
-        close(fd);
-        fd = next;
-        if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())) {
-            close(fd);
-            fd = -1;
-        }
-    }
-    free(copy);
-    return fd;
-}
-
 /* newer: A's mtime after B's */
 static int newer(const struct stat *a, const struct stat *b) {
     return a->st_mtim.tv_sec > b->st_mtim.tv_sec ||
@@ -329,20 +301,27 @@ static int holds_any(const char *path, char **words, int nwords) {
 
 /* ---- the slots (nvshim.runtime.slots) ------------------------------------------- */
 
-/* DIR as seen by the sh front's mine(): a directory of root's with no ACL, whose mode
- * passes KIND: 's' the slots (0700), 'c' the cache directory (not writable by group or
- * others), 'a' above it (not writable by group or others unless sticky) */
-static int trusted_dir(int fd, char kind) {
+/* the directory behind FD (opened on the walk below) may be trusted as KIND: 'a' above the
+ * cache directory (not writable by group or others unless sticky: /tmp), 'c' the cache
+ * directory (not writable by group or others), 's' the slot directory (0700). SLOTS: as
+ * the sh front's mine() sees the way to the slots (every directory root's, none with an
+ * ACL); else as Python's trusted cache directory (nvshim.trusted.open_trusted_dir) and
+ * the sh front's safe() together (/ root's or this user's, the others this user's) */
+static int trusted_dir(int fd, char kind, int slots, int top) {
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0)
+    if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode))
         return 0;
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    static const char *const acls[] = {"system.posix_acl_access", "system.posix_acl_default"};
-    for (int i = 0; i < 2; i++) {
-        ssize_t r = getxattr(path, acls[i], NULL, 0);
-        if (r >= 0 || (errno != ENODATA && errno != ENOTSUP))
-            return 0;
+    if (slots ? st.st_uid != 0 : st.st_uid != geteuid() && !(top && st.st_uid == 0))
+        return 0;
+    if (slots) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        static const char *const acls[] = {"system.posix_acl_access", "system.posix_acl_default"};
+        for (int i = 0; i < 2; i++) {
+            ssize_t r = getxattr(path, acls[i], NULL, 0);
+            if (r >= 0 || (errno != ENODATA && errno != ENOTSUP))
+                return 0;
+        }
     }
     mode_t m = st.st_mode & 07777;
     switch (kind) {
@@ -355,27 +334,38 @@ static int trusted_dir(int fd, char kind) {
     }
 }
 
-/* the slot directory C/NAME as an fd, each directory from / to it trusted_dir */
-static int slots_fd(const char *c, const char *name) {
+/* the cache directory C (SUB NULL), or the slot directory C/SUB, as an fd: walked from
+ * / one openat(O_NOFOLLOW) at a time, each directory fstat'ed as opened (trusted_dir);
+ * -1 when C is not named plainly (as the sh front's safe()) or a directory fails */
+static int walk(const char *c, const char *sub) {
+    static const char plain[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._+@:-";
+    size_t len = strlen(c);
+    if (len < 2 || c[0] != '/' || c[len - 1] == '/' || strspn(c, plain) != len ||
+        strstr(c, "//") || strstr(c, "/./") || strstr(c, "/../") ||
+        strcmp(c + len - 2, "/.") == 0 || (len >= 3 && strcmp(c + len - 3, "/..") == 0) ||
+        (sub && (!*sub || strchr(sub, '/') || strcmp(sub, ".") == 0 || strcmp(sub, "..") == 0)))
+        return -1;
+    int slots = sub != NULL;
     int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || !trusted_dir(fd, 'a')) {
-        if (fd >= 0)
-            close(fd);
+    if (fd >= 0 && !trusted_dir(fd, 'a', slots, 1)) {
+        close(fd);
         return -1;
     }
-    char *path = join(c, "/", name), *save = NULL;
-    size_t cache_parts = 0;
+    char *path = sub ? join(c, "/", sub) : strdup(c), *save = NULL;
+    if (!path)
+        abort();
+    size_t cache_depth = 0, depth = 0;
     for (const char *p = c; *p; p++)
-        cache_parts += *p == '/';
-    size_t depth = 0;
+        cache_depth += *p == '/';
     for (char *part = strtok_r(path + 1, "/", &save); fd >= 0 && part;
          part = strtok_r(NULL, "/", &save)) {
         int next = openat(fd, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         close(fd);
         fd = next;
         depth++;
-        char kind = depth < cache_parts ? 'a' : depth == cache_parts ? 'c' : 's';
-        if (fd >= 0 && !trusted_dir(fd, kind)) {
+        char kind = depth < cache_depth ? 'a' : depth == cache_depth ? 'c' : 's';
+        if (fd >= 0 && !trusted_dir(fd, kind, slots, 0)) {
             close(fd);
             fd = -1;
         }
@@ -489,7 +479,7 @@ static void srv(const char *c) {
     for (int i = 4; i <= 7; i++)
         if (!free_fd(i))
             return;
-    int dir = slots_fd(c, name);
+    int dir = walk(c, name);
     if (dir < 0)
         return;
     if (!own_fifo_at(dir, "0.r")) {
@@ -711,13 +701,14 @@ int main(int argc, char **argv) {
     const char *cfg = env_cfg && *env_cfg ? env_cfg : need("config");
 
     /* the cache, checked and read through the one open file */
-    int cdir = cache_dir_fd(c);
+    int cdir = walk(c, NULL);
     if (cdir < 0)
         py();
     int f = openat(cdir, need("front-cache"), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     close(cdir);
     struct stat fst, cst;
-    if (f < 0 || fstat(f, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_uid != geteuid())
+    if (f < 0 || fstat(f, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_uid != geteuid() ||
+        (fst.st_mode & (S_IWGRP | S_IWOTH)))
         py();
     int cfg_present = stat(cfg, &cst) == 0;
     if (!cfg_present && errno != ENOENT)

@@ -158,7 +158,7 @@ RUN = {
         Run(r"installed /usr/bin/nvshim-hook(.*\n)*^/opt/nvshim/lib/python3\.\d+/site-packages$",
             group="pip", step=Step(after="grep -o '/opt/nvshim/lib/python3[.0-9]*/site-packages' "
                                          "/usr/bin/nvshim-hook | head -1")),
-    ("docs/install.md", "/opt/nvshim/bin/python3 -m nvshim.runtime.frontbin build"):
+    ("docs/install.md", "/opt/nvshim/bin/python3 -I -m nvshim.runtime.frontbin build"):
         Run(r"^/opt/nvshim/lib/python3\.\d+/site-packages/nvshim/runtime/_front/"
             r"front-[0-9a-f]{16}-\w+$", group="pip"),
     ("docs/install.md", "nvshim --version && nvshim info"):

@@ -35,6 +35,11 @@ Whatever it cannot classify (an unknown flag, ``--flag=BOOL`` forms, two bundle 
 exactly one container id, an odd id, no grep at ``/usr/bin/grep`` or ``/bin/grep``, a
 grep error) goes to Python, which parses the whole line as runc does. Nothing is
 compiled on the node.
+
+Where nvshim carries a build of ``front.c`` for the machine (``nvshim.runtime.frontbin``),
+``nvshim install`` writes that compiled front instead, filled with ``front_fields``: the
+same decisions without a shell or any other process (tests/test_runtime_frontbin.py
+runs the same command lines through both).
 """
 
 from __future__ import annotations

@@ -25,9 +25,15 @@ def entry_path(kind: str, directory: str = CACHE_DIR) -> str:
     return os.path.join(directory, f"{kind}-cache.json")
 
 
-def load(path: str, key):
-    """The cached value at ``path`` if its key equals ``key``, else None."""
-    raw = read_trusted(path, MAX_ENTRY) if cache_dir_trusted(os.path.dirname(path)) else None
+def read(path: str) -> bytes | None:
+    """The entry at ``path`` as stored, if it may be trusted (else None)."""
+    return read_trusted(path, MAX_ENTRY) if cache_dir_trusted(os.path.dirname(path)) else None
+
+
+def load(path: str, key, raw: bytes | None = None):
+    """The cached value at ``path`` (``raw``: its bytes, already ``read``) if its key
+    equals ``key``, else None."""
+    raw = read(path) if raw is None else raw
     if raw is None:
         return None
     try:

@@ -191,6 +191,28 @@ def test_inventory_cache_avoids_nvml_until_the_driver_changes(tmp_path):
         load_host(sim.driver_root, sim.dev_root, state)
 
 
+def test_a_process_parses_the_inventory_again_only_when_it_changed(tmp_path):
+    """nvshim-runtimed's workers load the inventory for every create: the parsed host is
+    kept while the entry's bytes, its path and the host's key are the same."""
+    from nvshim.host import inventory
+    from nvshim.record import replace
+
+    sim = build_host("single", str(tmp_path / "root"))
+    state = str(tmp_path / "state")
+    load_host(sim.driver_root, sim.dev_root, state)  # discovered, then stored
+    first = load_host(sim.driver_root, sim.dev_root, state)  # parsed
+    assert load_host(sim.driver_root, sim.dev_root, state) is first
+    inventory.store(state, replace(first, warnings=["rewritten"]))  # another entry
+    changed = load_host(sim.driver_root, sim.dev_root, state)
+    assert changed is not first and changed.warnings == ["rewritten"]
+    other = str(tmp_path / "other")  # the same bytes at another path: read as its own
+    inventory.store(other, changed)
+    assert load_host(sim.driver_root, sim.dev_root, other) == changed
+    assert load_host(sim.driver_root, sim.dev_root, other) is not changed
+    os.utime(os.path.join(sim.driver_root, "etc/ld.so.cache"), ns=(1, 1))  # another key
+    assert load_host(sim.driver_root, sim.dev_root, state) is not changed
+
+
 def test_info_shows_sharing_and_fails_on_a_broken_sharing_config(sim_hosts, tmp_path):
     sim = sim_hosts("single")
     sharing = tmp_path / "sharing.yaml"

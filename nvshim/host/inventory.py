@@ -51,15 +51,29 @@ def cache_path(inventory_dir: str) -> str:
     return os.path.join(inventory_dir, CACHE_NAME)
 
 
+# the entry last parsed in this process and its host: nvshim-runtimed's workers load the
+# inventory for every create, and parsing it is most of that (a Host is never modified)
+_last: list = []
+
+
 def load_cached(inventory_dir: str, driver_root: str, dev_root: str) -> Host | None:
-    """The cached host if its key still matches, else None."""
-    data = filecache.load(cache_path(inventory_dir), cache_key(driver_root, dev_root))
+    """The cached host if its key still matches, else None. The file is read and the key
+    worked out on every call; the host is parsed again only when the file changed."""
+    path, key = cache_path(inventory_dir), cache_key(driver_root, dev_root)
+    raw = filecache.read(path)
+    if raw is None:
+        return None
+    if _last and _last[0] == (path, raw, key):
+        return _last[1]
+    data = filecache.load(path, key, raw)
     if not isinstance(data, dict):
         return None
     try:
-        return Host.from_dict(data)
+        host = Host.from_dict(data)
     except (ValueError, KeyError, TypeError):
         return None
+    _last[:] = [(path, raw, key), host]
+    return host
 
 
 def store(inventory_dir: str, host: Host) -> None:

@@ -84,11 +84,16 @@ static int listed(const char *list, const char *name, size_t len) {
     return 0;
 }
 
+/* ARG's flag name (after - or --), or NULL when ARG is no flag */
+static const char *flag_name(const char *arg) {
+    return arg[0] != '-' ? NULL : arg[1] == '-' ? arg + 2 : arg + 1;
+}
+
 /* ARG is -NAME or --NAME of LIST (with "=*" after it when EQ) */
 static int flag_in(const char *list, const char *arg, int eq) {
-    if (arg[0] != '-')
+    const char *name = flag_name(arg);
+    if (!name)
         return 0;
-    const char *name = arg[1] == '-' ? arg + 2 : arg + 1;
     const char *e = strchr(name, '=');
     if (eq != (e != NULL))
         return 0;
@@ -96,14 +101,15 @@ static int flag_in(const char *list, const char *arg, int eq) {
     return len > 0 && listed(list, name, len);
 }
 
+/* ARG is -A, --A, -B or --B */
 static int is(const char *arg, const char *a, const char *b) {
-    /* -a, --a, -b, --b */
-    const char *name = arg[0] != '-' ? NULL : arg[1] == '-' ? arg + 2 : arg + 1;
+    const char *name = flag_name(arg);
     return name && ((a && strcmp(name, a) == 0) || (b && strcmp(name, b) == 0));
 }
 
+/* ARG is -A=*, --A=*, -B=* or --B=* */
 static int is_eq(const char *arg, const char *a, const char *b) {
-    const char *name = arg[0] != '-' ? NULL : arg[1] == '-' ? arg + 2 : arg + 1;
+    const char *name = flag_name(arg);
     if (!name)
         return 0;
     size_t la = a ? strlen(a) : 0, lb = b ? strlen(b) : 0;
@@ -136,10 +142,15 @@ static void exec_with(const char *program, const char **head, int n) {
     execve(program, argv, environ);
 }
 
-static void exec_failed(const char *program) {
+/* says why PROGRAM could not be exec'd; the status a shell gives for it */
+static int exec_error(const char *program) {
     int err = errno;
     fprintf(stderr, "nvshim-runtime: error: %s: %s\n", program, strerror(err));
-    exit(err == ENOENT ? 127 : 126);
+    return err == ENOENT ? 127 : 126;
+}
+
+__attribute__((noreturn)) static void exec_failed(const char *program) {
+    exit(exec_error(program));
 }
 
 /* py: Python decides (the sh front's py: interpreter -IS -c CODE $0 ARGS) */
@@ -148,14 +159,12 @@ __attribute__((noreturn)) static void py(void) {
     const char *head[] = {interp, "-IS", "-c", need("code"), execfn};
     exec_with(interp, head, 5);
     exec_failed(interp);
-    exit(127);
 }
 
 __attribute__((noreturn)) static void exec_runtime(const char *rt) {
     const char *head[] = {rt};
     exec_with(rt, head, 1);
     exec_failed(rt);
-    exit(127);
 }
 
 /* the exit status a shell's $? gives for a child */
@@ -175,9 +184,7 @@ static int run_child(const char *rt) {
     if (pid == 0) {
         const char *head[] = {rt};
         exec_with(rt, head, 1);
-        int err = errno;
-        fprintf(stderr, "nvshim-runtime: error: %s: %s\n", rt, strerror(err));
-        _exit(err == ENOENT ? 127 : 126);
+        _exit(exec_error(rt));
     }
     int status;
     while (waitpid(pid, &status, 0) < 0)
@@ -620,6 +627,14 @@ static int labelled(const char *rt, const char *sr, const char *id) {
     return found;
 }
 
+/* the exec marker of container ID in cache directory C */
+static char *marker_path(const char *c, const char *id) {
+    char *dir = join(c, "/", need("marker-dir"));
+    char *path = join(dir, "/", id);
+    free(dir);
+    return path;
+}
+
 static int odd_id(const char *id) {
     return strcmp(id, ".") == 0 || strcmp(id, "..") == 0 || strchr(id, '/') != NULL;
 }
@@ -756,7 +771,7 @@ int main(int argc, char **argv) {
         exec_runtime(rt);
     }
 
-    const char *id = NULL, *bundle = NULL, *marker_dir = need("marker-dir");
+    const char *id = NULL, *bundle = NULL;
     int mk = 0;
     if (!h && create) {
         if (v)
@@ -809,10 +824,8 @@ int main(int argc, char **argv) {
                 py();
             if (odd_id(id))
                 py();
-            char *m = join(c, "/", marker_dir);
-            char *mid = join(m, "/", id);
+            char *mid = marker_path(c, id);
             mk = exists(mid);
-            free(m);
             free(mid);
         }
     } else if (!h && exec_) {
@@ -848,9 +861,7 @@ int main(int argc, char **argv) {
         if (!h && id && *id) {
             if (odd_id(id))
                 py();
-            char *m = join(c, "/", marker_dir);
-            char *mid = join(m, "/", id);
-            if (exists(mid))
+            if (exists(marker_path(c, id)))
                 py();
             if (labelled(rt ? rt : "", sr, id))
                 py();
@@ -871,8 +882,7 @@ int main(int argc, char **argv) {
             id = a;
         }
         if (id && *id && !odd_id(id)) {
-            char *m = join(c, "/", marker_dir);
-            char *mid = join(m, "/", id);
+            char *mid = marker_path(c, id);
             struct stat ms;
             if (stat(mid, &ms) == 0) {
                 int swept = 0;

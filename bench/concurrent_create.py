@@ -4,7 +4,8 @@ cores, through bare runc (no GPU) and through nvshim-runtime (1 GPU each, of a s
 host), batch after batch in turn. Reports each batch's wall time until the last create
 returned and the CPU time per create (the runtimes' processes, reaped: the containers'
 own init processes are not counted for either side), as medians over the rounds and as
-the ratio to bare runc.
+the ratio to bare runc (the median of each round's, with its 95% interval: with eight
+rounds or fewer, the whole range).
 
 nvshim-runtime runs twice: served by ``nvshim-runtimed`` (as installed; the daemon's
 and its workers' CPU is counted) and alone, in the client's process.
@@ -42,6 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.creates import RUNC, daemon_cpu, edited_bundle, installed, running_daemon  # noqa: E402
+from bench.paired import median_interval  # noqa: E402
 from nvshim.launch import real_interpreter  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.runc_util import make_bundle  # noqa: E402
@@ -175,9 +177,11 @@ def main() -> None:
         for case, values in figures.items():
             wall = statistics.median(v[0] for v in values)
             cpu = statistics.median(v[1] for v in values)
-            ratio = statistics.median(v[0] / b[0] for v, b in zip(values, bare, strict=True))
-            print(f"  {case:<30} all done in {wall:6.2f} s ({ratio:4.2f}x runc), "
-                  f"CPU per container {cpu * 1000:6.1f} ms")  # fmt: skip
+            ratios = [v[0] / b[0] for v, b in zip(values, bare, strict=True)]
+            low, high = median_interval(ratios)
+            print(f"  {case:<30} all done in {wall:6.2f} s ({statistics.median(ratios):4.2f}x "
+                  f"runc, 95%: {low:.2f} to {high:.2f}), CPU per container "
+                  f"{cpu * 1000:6.1f} ms")  # fmt: skip
         print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (one run, after the batches)")
 
 

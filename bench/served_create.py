@@ -4,8 +4,10 @@ paired round by round with bare runc (no GPU) and, with ``--previous DIR``, with
 nvshim of another checkout served by its own daemon: what a change to the served path
 costs, measured in one run (the shared VMs drift too much between runs).
 
-Prints the medians, the paired differences and ratios, the yardstick (one
-``python3 -IS -c pass``) and how each daemon served the calls.
+Prints the medians, the paired differences and ratios with the 95% interval of each
+median difference (``bench.paired.median_interval``: a create's time spreads by several
+ms here, so 40 rounds leave a 2 to 3 ms interval; the default is 100), the yardstick
+(one ``python3 -IS -c pass``) and how each daemon served the calls.
 
 Run as root: ``.venv/bin/python3 bench/served_create.py [--rounds N] [--previous DIR]``
 (``DIR``: a tree holding an earlier ``nvshim`` package, e.g. from ``git archive``).
@@ -27,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.creates import RUNC, installed, running_daemon  # noqa: E402
+from bench.paired import median_interval  # noqa: E402
 from nvshim.launch import real_interpreter  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.runc_util import make_bundle  # noqa: E402
@@ -41,7 +44,7 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--previous", help="a tree holding an earlier nvshim package")
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as w:
@@ -83,19 +86,20 @@ def main() -> None:
     print(f"{opts.rounds} paired rounds on {os.cpu_count()} cores (ms, medians):")
     for name in ours:
         create_ms, list_ms = figures[f"create: {name}"], figures[f"list: {name}"]
-        added = statistics.median(a - b for a, b in zip(create_ms, bare_create, strict=True))
+        added = [a - b for a, b in zip(create_ms, bare_create, strict=True)]
+        low, high = median_interval(added)
         ratio = statistics.median(a / b for a, b in zip(list_ms, bare_list, strict=True))
         print(f"  {name:<10} 1-GPU create {statistics.median(create_ms):6.1f} (runc, no GPU "
-              f"{statistics.median(bare_create):5.1f}): {added:+6.1f} = "
-              f"{added / yardstick:+.1f} yardsticks; list {ratio:.2f}x runc")  # fmt: skip
+              f"{statistics.median(bare_create):5.1f}): {statistics.median(added):+6.1f} = "
+              f"{statistics.median(added) / yardstick:+.1f} yardsticks (95%: "
+              f"{low / yardstick:+.1f} to {high / yardstick:+.1f}); "
+              f"list {ratio:.2f}x runc")  # fmt: skip
     if opts.previous:
-        diff = statistics.median(
-            a - b
-            for a, b in zip(
-                figures["create: this tree"], figures["create: previous"], strict=True
-            )  # fmt: skip
-        )
-        print(f"  this tree - previous, 1-GPU create: {diff:+.1f} ms (paired)")
+        pairs = zip(figures["create: this tree"], figures["create: previous"], strict=True)
+        diff = [a - b for a, b in pairs]
+        low, high = median_interval(diff)
+        print(f"  this tree - previous, 1-GPU create: {statistics.median(diff):+.1f} ms "
+              f"(paired; 95%: {low:+.1f} to {high:+.1f})")  # fmt: skip
     print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (median of 9, after the rounds)")
 
 

@@ -214,6 +214,11 @@ def config_path() -> str:
     return os.environ.get("NVSHIM_CONFIG") or DEFAULT_PATH
 
 
+# the last configuration this process loaded from a file, and what it was loaded from:
+# loaded again only when the file's text (or this code) changed. Records are frozen.
+_last: list = []
+
+
 def load_config(path: str | None = None) -> Config:
     """Load the configuration; a missing default file means all defaults.
 
@@ -232,10 +237,13 @@ def load_config(path: str | None = None) -> Config:
         raise NvshimError(f"{path}: cannot read: {err.strerror}") from None
     from nvshim import __version__, filecache
 
-    cache = filecache.entry_path("config")
     # what the result depends on: the file's exact text, and the code that checked it (its
     # keys, defaults and choices: this file, as it is now)
     code = os.stat(__file__)
+    memo = (path, raw, __version__, code.st_mtime_ns, code.st_size)
+    if _last and _last[0] == memo:  # a long-lived process (nvshim-runtimed's workers)
+        return _last[1]
+    cache = filecache.entry_path("config")
     key = {
         "path": path,
         "text": raw.decode("utf-8", "surrogateescape"),
@@ -243,14 +251,17 @@ def load_config(path: str | None = None) -> Config:
         "code": [code.st_mtime_ns, code.st_size],
     }
     cached = filecache.load(cache, key)
+    config = None
     if isinstance(cached, dict):
         try:
-            return assemble(cached["tables"], path, list(cached["warnings"]))
+            config = assemble(cached["tables"], path, list(cached["warnings"]))
         except (KeyError, TypeError):
             pass  # not what this code writes: parse again
-    config = parse_config(raw, path)
-    tables = {name: _table(getattr(config, name)) for name in SECTIONS}
-    filecache.store(cache, key, {"tables": tables, "warnings": config.warnings})
+    if config is None:
+        config = parse_config(raw, path)
+        tables = {name: _table(getattr(config, name)) for name in SECTIONS}
+        filecache.store(cache, key, {"tables": tables, "warnings": config.warnings})
+    _last[:] = [memo, config]
     return config
 
 

@@ -228,6 +228,7 @@ def test_the_cached_load_rebuilds_the_same_records(tmp_path, monkeypatch):
         raise AssertionError("parsed again")
 
     monkeypatch.setattr(config_module, "parse_config", no_parse)
+    monkeypatch.setattr(config_module, "_last", [])  # a new process: only the file cache
     again = load_config(str(path))
     assert again == first and again.warnings == first.warnings and len(again.warnings) == 2
     assert again.pairing.worst_affinity == "PIX" and again.pairing.nics == ["ibp*"]
@@ -237,7 +238,33 @@ def test_the_cached_load_rebuilds_the_same_records(tmp_path, monkeypatch):
     data["value"] = {"values": {"host": {}}, "warnings": []}
     entry.write_bytes(fastjson.dumps(data).encode())
     monkeypatch.setattr(config_module, "parse_config", parse_config)
+    monkeypatch.setattr(config_module, "_last", [])
     assert load_config(str(path)) == first
+
+
+def test_a_process_loads_the_configuration_again_only_when_its_text_changed(tmp_path, monkeypatch):
+    """nvshim-runtimed's workers load the configuration for every call: the same text
+    gives the records already built (no cache file read, nothing parsed); another text,
+    of the same size and time, or another file, is loaded again."""
+    from nvshim import filecache
+
+    monkeypatch.setattr(
+        filecache, "entry_path", lambda kind, directory=None: str(tmp_path / f"{kind}.json")
+    )
+    reads, real_read = [], filecache.read
+    monkeypatch.setattr(filecache, "read", lambda p: reads.append(p) or real_read(p))
+    path = tmp_path / "config.toml"
+    path.write_text('[host]\ndriver-root = "/aaa"\n')
+    first = load_config(str(path))
+    assert load_config(str(path)) is first and len(reads) == 1
+    st = os.stat(path)
+    path.write_text('[host]\ndriver-root = "/bbb"\n')
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert load_config(str(path)).host.driver_root == "/bbb" and len(reads) == 2
+    other = tmp_path / "other.toml"
+    other.write_text('[host]\ndriver-root = "/bbb"\n')
+    assert load_config(str(other)).path == str(other) and len(reads) == 3
+    assert load_config(str(path)).path == str(path)
 
 
 def test_the_documented_keys_are_every_key_with_its_default():

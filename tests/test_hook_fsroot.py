@@ -121,6 +121,55 @@ def test_symlink_outcomes(tmp_path, resolver):
     assert (root / "lib/regular").read_text() == "image file\n"
 
 
+def test_create_symlinks_opens_each_directory_once_and_stays_in_the_root(
+    tmp_path, resolver, monkeypatch
+):
+    """Several links in one directory: it is opened once (one walk, not one per link),
+    every link lands where the walk from the root puts it (an image's symlinked
+    directory is followed inside the root, never to the host), a link through another
+    link's directory is resolved after that link exists, and no fd is left open, also
+    when a link fails."""
+    from nvshim.errors import NvshimError
+    from nvshim.hook.symlinks import create_symlinks
+
+    root = tmp_path / "rootfs"
+    (root / "usr/lib64").mkdir(parents=True)
+    (root / "usr/lib64/libz.so").write_text("image file\n")
+    (root / "lib").symlink_to("/usr/lib64")  # the image's: absolute, inside the root
+    (root / "usr/lib64/plain").write_text("image file\n")
+    walks, real_open_dir = [], RootFS.open_dir
+
+    def open_dir(self, path, *args, **kwargs):
+        walks.append(path)
+        return real_open_dir(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(RootFS, "open_dir", open_dir)
+    before = sorted(os.listdir("/proc/self/fd"))
+    specs = [
+        "libcuda.so.550::/lib/libcuda.so.1",
+        "libcuda.so.1::/lib/libcuda.so",
+        "libz.so.1::/lib/libz.so",
+        "x.so.1::/lib/x.so",
+        "x.so.1::/opt/nv/x.so",
+        "libnvidia-ml.so.1::/usr/lib64/libnvidia-ml.so",
+    ]
+    with RootFS(str(root)) as fs:
+        fields = create_symlinks(fs, specs)
+        # /lib: once for its four links, once more to swap the image's file out
+        assert walks.count("/lib") == 2 and walks.count("/opt/nv") == 1
+        with pytest.raises(NvshimError, match="--link y::/lib/plain/y: Not a directory"):
+            create_symlinks(fs, ["a::/lib/a", "y::/lib/plain/y"])
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert fields == {"links_created": 5, "links_existing": 0, "links_replaced": "/lib/libz.so"}
+    assert os.readlink(root / "usr/lib64/libcuda.so.1") == "libcuda.so.550"
+    assert os.readlink(root / "usr/lib64/libcuda.so") == "libcuda.so.1"
+    assert os.readlink(root / "usr/lib64/libz.so") == "libz.so.1"
+    assert os.readlink(root / "opt/nv/x.so") == "x.so.1"
+    assert os.readlink(root / "usr/lib64/libnvidia-ml.so") == "libnvidia-ml.so.1"
+    host = "/usr/lib64/libcuda.so.1"
+    assert not (os.path.islink(host) and os.readlink(host) == "libcuda.so.550")
+
+
 def test_mknod_creates_keeps_and_replaces(tmp_path, resolver):
     root = tmp_path / "rootfs"
     (root / "dev").mkdir(parents=True)

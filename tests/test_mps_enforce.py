@@ -13,6 +13,7 @@ from nvshim.config import load_config
 from nvshim.errors import NvshimError
 from nvshim.host.discover import discover_host
 from nvshim.host.model import Host
+from nvshim.policy import select as select_module
 from nvshim.policy.request import request_from_spec
 from nvshim.policy.select import select
 from tests.conftest import run_nvshim
@@ -281,6 +282,29 @@ def _select(shared_host, env: dict[str, str], config: str = "mps"):
     cfg = load_config(shared_host.config(config))
     request = request_from_spec(spec, cfg.policy)
     return select(request, shared_host.host, cfg)
+
+
+def test_a_process_makes_a_hosts_common_edits_once_and_never_shares_them(
+    shared_host, monkeypatch
+):
+    """A worker selects for one host object many times: the edits every container gets
+    are made once per host, capabilities and hook, and each selection's edits are its
+    own (one container's changes never reach the next one's)."""
+    from nvshim.host import edits as host_edits
+
+    made = []
+    real = host_edits.common_edits
+    monkeypatch.setattr(host_edits, "common_edits", lambda *a: made.append(a[1:]) or real(*a))
+    monkeypatch.setattr(select_module, "_common", [])
+    fresh = _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "0"}, "ts").edits
+    first = _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "0"}, "ts").edits
+    first.mounts.clear(), first.hooks.clear(), first.device_nodes.append(None)
+    again = _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "0"}, "ts").edits
+    assert again == fresh and again.mounts and again.hooks and None not in again.device_nodes
+    assert len(made) == 1
+    utility = {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    assert _select(shared_host, utility, "ts").edits.mounts != fresh.mounts
+    assert made[1:] == [(("utility",), made[0][1])]
 
 
 def test_mps_device_cannot_be_combined_with_a_non_shared_one(shared_host):

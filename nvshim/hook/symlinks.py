@@ -7,6 +7,8 @@ it in the parent's fd); a directory there is an error.
 
 from __future__ import annotations
 
+import os
+
 from nvshim.errors import NvshimError
 from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 
@@ -27,15 +29,20 @@ def create_symlinks(root: RootFS, specs: list[str]) -> dict[str, str]:
     other files already at LINK are replaced. Returns log fields."""
     links = [parse_link(s) for s in specs]
     outcome: dict[str, list[str]] = {"created": [], "exists": [], "replaced": []}
-    for target, link in links:
-        try:
-            kind = root.symlink(target, link)
-            if kind == "kept":
-                root.replace_symlink(target, link)
-                kind = "replaced"
-            outcome[kind].append(link)
-        except (OSError, RootPathError) as err:
-            raise NvshimError(f"--link {target}::{link}: {_reason(err)}") from None
+    opened: dict[str, int] = {}  # the links' directories, each opened once
+    try:
+        for target, link in links:
+            try:
+                kind = root.symlink(target, link, opened)
+                if kind == "kept":
+                    root.replace_symlink(target, link)
+                    kind = "replaced"
+                outcome[kind].append(link)
+            except (OSError, RootPathError) as err:
+                raise NvshimError(f"--link {target}::{link}: {_reason(err)}") from None
+    finally:
+        for fd in opened.values():
+            os.close(fd)
     fields = {"links_created": len(outcome["created"]), "links_existing": len(outcome["exists"])}
     if outcome["replaced"]:
         fields["links_replaced"] = ",".join(outcome["replaced"])

@@ -33,7 +33,7 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
     driver the container will use, the image's CUDA compat library when it applies.
     Raises NvshimError (RequestError/RequirementError) when the request cannot be met.
     """
-    from nvshim.host.edits import common_edits, devices_edits
+    from nvshim.host.edits import devices_edits
     from nvshim.policy.require import check_requirements
     from nvshim.policy.resolve import requirement_facts, resolve_devices
     from nvshim.policy.visible import cuda_visible_devices
@@ -56,7 +56,7 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
             log["devices"] = "none"
             return Selection(foreign, [], log)
     caps = request.capabilities
-    edits = common_edits(host, caps, config.runtime.hook_path).merge(devices_edits(devices, host))
+    edits = _common_edits(host, caps, config.runtime.hook_path).merge(devices_edits(devices, host))
     driver, cuda = host.driver_version, host.cuda_version
     if rootfs and request.requirements and not request.disable_require:
         from nvshim.hook.cudacompat import judged_versions
@@ -87,6 +87,25 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
 
         edits = pairing_edits(edits, devices, request, host, config, log)
     return Selection(edits, devices, log)
+
+
+# the last host's common edits (a worker of nvshim-runtimed keeps the host it loaded
+# while the inventory is unchanged): (host, capabilities, hook path, edits)
+_common: list = []
+
+
+def _common_edits(host: Host, caps, hook_path: str) -> ContainerEdits:
+    """``common_edits`` of the same host object, capabilities and hook made once per
+    process. Never handed out: ``select`` merges it into new edits at once (its entries
+    are frozen records)."""
+    from nvshim.host.edits import common_edits
+
+    caps = tuple(caps)
+    if _common and _common[0] is host and _common[1:3] == [caps, hook_path]:
+        return _common[3]
+    edits = common_edits(host, caps, hook_path)
+    _common[:] = [host, caps, hook_path, edits]
+    return edits
 
 
 def _cdi_and_engine_devices(devices, request, host, config) -> tuple[list, ContainerEdits]:

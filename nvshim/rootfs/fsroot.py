@@ -294,23 +294,39 @@ class RootFS:
         finally:
             os.close(pfd)
 
-    def symlink(self, target: str, link: str) -> str:
+    def parent_in(self, path: str, opened: dict[str, int]) -> tuple[int, str]:
+        """``parent``, the directory's fd taken from ``opened`` (directory -> O_PATH fd)
+        or opened once and kept there: the caller closes them all."""
+        path = normalize(path)
+        parent, name = posixpath.split(path)
+        if parent not in opened:
+            opened[parent] = self.parent(path)[0]
+        return opened[parent], name
+
+    def symlink(self, target: str, link: str, opened: dict[str, int] | None = None) -> str:
         """Make ``link`` a symlink to ``target`` (the target string is stored, never
         resolved). Returns ``created``, ``exists`` (identical link) or ``kept`` (another
-        file is there and is left alone)."""
+        file is there and is left alone). ``opened``: as for ``parent_in`` (several
+        links in one directory: it is opened once)."""
+        if opened is not None:
+            return self._symlink_at(target, *self.parent_in(link, opened))
         pfd, name = self.parent(link)
         try:
-            try:
-                os.symlink(target, name, dir_fd=pfd)
-                return "created"
-            except FileExistsError:
-                pass
-            try:
-                return "exists" if os.readlink(name, dir_fd=pfd) == target else "kept"
-            except OSError:
-                return "kept"
+            return self._symlink_at(target, pfd, name)
         finally:
             os.close(pfd)
+
+    @staticmethod
+    def _symlink_at(target: str, pfd: int, name: str) -> str:
+        try:
+            os.symlink(target, name, dir_fd=pfd)
+            return "created"
+        except FileExistsError:
+            pass
+        try:
+            return "exists" if os.readlink(name, dir_fd=pfd) == target else "kept"
+        except OSError:
+            return "kept"
 
     def mknod(
         self, path: str, kind: str, major: int, minor: int, mode: int, uid: int, gid: int

@@ -103,10 +103,11 @@ def fixed(path: str, runtime: str) -> bool:
             and all(d.startswith("/") for d in path.split(":") if d))  # fmt: skip
 
 
-def resolve_and_remember() -> str:
+def resolve_and_remember(found=None) -> str:
     """Resolve the low-level runtime from the configuration and bring the front's cache up
     to date (unless the configuration changed meanwhile). Raises NvshimError when none is
-    found."""
+    found. ``found``: (configuration, runtime) this call already loaded and resolved; the
+    runtime is taken when the configuration loaded again is that one (the same text)."""
     from nvshim.config import load_config
     from nvshim.policy.request import request_triggers
     from nvshim.runtime.lowlevel import runtime_for
@@ -114,7 +115,7 @@ def resolve_and_remember() -> str:
     path = config_file()
     before = _identity(path)
     config = load_config()  # read after `before`: an edit from now on misses the entry
-    runtime = runtime_for(config)
+    runtime = found[1] if found is not None and found[0] is config else runtime_for(config)
     triggers = list(request_triggers(config.policy))
     status = "missing" if before is None else "present"
     head = [f"nvshim {__version__}", path, status]
@@ -159,7 +160,7 @@ def resolve(config=None, runtime: str | None = None) -> str:
     from nvshim.errors import NvshimError
 
     try:  # reads the configuration again, after noting its identity (a cheap cache hit)
-        resolve_and_remember()
+        resolve_and_remember((config, runtime))
     except NvshimError:
         pass
     return runtime

@@ -9,8 +9,16 @@ median difference (``bench.paired.median_interval``: a create's time spreads by 
 ms here, so 40 rounds leave a 2 to 3 ms interval; the default is 100), the yardstick
 (one ``python3 -IS -c pass``) and how each daemon served the calls.
 
-Run as root: ``.venv/bin/python3 bench/served_create.py [--rounds N] [--previous DIR]``
-(``DIR``: a tree holding an earlier ``nvshim`` package, e.g. from ``git archive``).
+Every create (runc's too) gets its own copy of a busybox image with glibc's loader, as a
+pod's new container of a CUDA image has its own root: runc makes the GPU's mount points
+in it, the finishing steps make its links and the ld-cache step runs the host's
+ldconfig. ``--shared-root`` is the shape of the figures before 2026-11-28: one root
+without the loader for every create, where the step is skipped and the mount points and
+links are there from the first create on.
+
+Run as root: ``.venv/bin/python3 bench/served_create.py [--rounds N] [--previous DIR]
+[--shared-root]`` (``DIR``: a tree holding an earlier ``nvshim`` package, e.g. from ``git
+archive``).
 """
 
 from __future__ import annotations
@@ -46,10 +54,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--previous", help="a tree holding an earlier nvshim package")
+    shared = "one root for every create, without glibc's loader (the earlier figures' shape)"
+    parser.add_argument("--shared-root", action="store_true", help=shared)
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as w:
         sim = build_host("single", os.path.join(w, "host"))
-        rootfs = make_busybox_rootfs(os.path.join(w, "rootfs"), glibc_loader=False)
+        golden = make_busybox_rootfs(os.path.join(w, "rootfs"), glibc_loader=not opts.shared_root)
         ours = {"this tree": installed(w, "this", REPO, sim)}
         if opts.previous:
             ours["previous"] = installed(w, "previous", os.path.abspath(opts.previous), sim)
@@ -57,11 +67,16 @@ def main() -> None:
 
         def create(runtime: str, env: dict[str, str], cid: str, gpu: bool = True) -> float:
             request = {"NVIDIA_VISIBLE_DEVICES": "0"} if gpu else {}
+            rootfs = golden
+            if not opts.shared_root:  # a new container's own root, as a pod's
+                rootfs = shutil.copytree(golden, os.path.join(w, f"rootfs-{cid}"), symlinks=True)
             bundle = make_bundle(w, rootfs, ["/bin/true"], env=request, name=cid)
             took = timed([runtime, "--root", state, "create", "--pid-file", f"{bundle}/pid",
                           "--bundle", bundle, cid], env)  # fmt: skip
             subprocess.run([RUNC, "--root", state, "delete", "--force", cid], check=True)
             shutil.rmtree(bundle)
+            if rootfs != golden:
+                shutil.rmtree(rootfs)
             return took
 
         env = next(iter(ours.values()))[1]

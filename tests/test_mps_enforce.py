@@ -284,9 +284,7 @@ def _select(shared_host, env: dict[str, str], config: str = "mps"):
     return select(request, shared_host.host, cfg)
 
 
-def test_a_process_makes_a_hosts_common_edits_once_and_never_shares_them(
-    shared_host, monkeypatch
-):
+def test_a_process_makes_a_hosts_common_edits_once_and_never_shares_them(shared_host, monkeypatch):
     """A worker selects for one host object many times: the edits every container gets
     are made once per host, capabilities and hook, and each selection's edits are its
     own (one container's changes never reach the next one's)."""

@@ -79,9 +79,10 @@ def _stopped(pid: int) -> bool:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):  # gone, or reaped between the two
         return False
-    return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].startswith(" Z")
+    return not stat.rsplit(")", 1)[1].startswith(" Z")
 
 
 def _children(pid: int) -> list[int]:

@@ -72,6 +72,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "nvshim.fsutil",
             "nvshim.ldcache",
             "nvshim.log",
+            "nvshim.memo",
             "nvshim.options",
             "nvshim.record",
             "nvshim.trusted",

@@ -21,6 +21,7 @@ import os
 
 from nvshim.defaults import CAPABILITIES, DEFAULT_CONFIG, DEFAULT_RUNTIMES, PCIE_LEVELS
 from nvshim.errors import NvshimError, did_you_mean
+from nvshim.memo import Last
 from nvshim.record import field, fields, make, record, replace
 
 DEFAULT_PATH = DEFAULT_CONFIG
@@ -214,9 +215,9 @@ def config_path() -> str:
     return os.environ.get("NVSHIM_CONFIG") or DEFAULT_PATH
 
 
-# the last configuration this process loaded from a file, and what it was loaded from:
-# loaded again only when the file's text (or this code) changed. Records are frozen.
-_last: list = []
+# the last configuration this process loaded from a file, kept while the file's text
+# (and this code) are the same. Records are frozen.
+_last = Last()
 
 
 def load_config(path: str | None = None) -> Config:
@@ -241,8 +242,9 @@ def load_config(path: str | None = None) -> Config:
     # keys, defaults and choices: this file, as it is now)
     code = os.stat(__file__)
     memo = (path, raw, __version__, code.st_mtime_ns, code.st_size)
-    if _last and _last[0] == memo:  # a long-lived process (nvshim-runtimed's workers)
-        return _last[1]
+    kept = _last.get(memo)  # a long-lived process (nvshim-runtimed's workers)
+    if kept is not None:
+        return kept
     cache = filecache.entry_path("config")
     key = {
         "path": path,
@@ -261,8 +263,7 @@ def load_config(path: str | None = None) -> Config:
         config = parse_config(raw, path)
         tables = {name: _table(getattr(config, name)) for name in SECTIONS}
         filecache.store(cache, key, {"tables": tables, "warnings": config.warnings})
-    _last[:] = [memo, config]
-    return config
+    return _last.keep(memo, config)
 
 
 def _read(path: str) -> bytes:

@@ -12,6 +12,7 @@ import pytest
 from nvshim import config as config_module
 from nvshim.config import Config, PairingConfig, load_config, parse_config
 from nvshim.errors import NvshimError
+from nvshim.memo import Last
 from nvshim.record import fields
 from tests.conftest import REPO, run_nvshim
 
@@ -228,7 +229,7 @@ def test_the_cached_load_rebuilds_the_same_records(tmp_path, monkeypatch):
         raise AssertionError("parsed again")
 
     monkeypatch.setattr(config_module, "parse_config", no_parse)
-    monkeypatch.setattr(config_module, "_last", [])  # a new process: only the file cache
+    monkeypatch.setattr(config_module, "_last", Last())  # a new process: only the file cache
     again = load_config(str(path))
     assert again == first and again.warnings == first.warnings and len(again.warnings) == 2
     assert again.pairing.worst_affinity == "PIX" and again.pairing.nics == ["ibp*"]
@@ -238,7 +239,7 @@ def test_the_cached_load_rebuilds_the_same_records(tmp_path, monkeypatch):
     data["value"] = {"values": {"host": {}}, "warnings": []}
     entry.write_bytes(fastjson.dumps(data).encode())
     monkeypatch.setattr(config_module, "parse_config", parse_config)
-    monkeypatch.setattr(config_module, "_last", [])
+    monkeypatch.setattr(config_module, "_last", Last())
     assert load_config(str(path)) == first
 
 

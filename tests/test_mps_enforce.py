@@ -13,6 +13,7 @@ from nvshim.config import load_config
 from nvshim.errors import NvshimError
 from nvshim.host.discover import discover_host
 from nvshim.host.model import Host
+from nvshim.memo import Last
 from nvshim.policy import select as select_module
 from nvshim.policy.request import request_from_spec
 from nvshim.policy.select import select
@@ -293,7 +294,7 @@ def test_a_process_makes_a_hosts_common_edits_once_and_never_shares_them(shared_
     made = []
     real = host_edits.common_edits
     monkeypatch.setattr(host_edits, "common_edits", lambda *a: made.append(a[1:]) or real(*a))
-    monkeypatch.setattr(select_module, "_common", [])
+    monkeypatch.setattr(select_module, "_common", Last())
     fresh = _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "0"}, "ts").edits
     first = _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "0"}, "ts").edits
     first.mounts.clear(), first.hooks.clear(), first.device_nodes.append(None)

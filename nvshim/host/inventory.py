@@ -8,6 +8,7 @@ import os
 from nvshim import filecache
 from nvshim.host.model import Host
 from nvshim.host.rootpath import host_path
+from nvshim.memo import Last
 
 CACHE_NAME = "inventory.json"
 FORMAT = 2
@@ -51,9 +52,9 @@ def cache_path(inventory_dir: str) -> str:
     return os.path.join(inventory_dir, CACHE_NAME)
 
 
-# the entry last parsed in this process and its host: nvshim-runtimed's workers load the
-# inventory for every create, and parsing it is most of that (a Host is never modified)
-_last: list = []
+# the host last parsed in this process, kept while its entry's path, bytes and key are
+# the same: parsing is most of a load (a Host is never modified)
+_last = Last()
 
 
 def load_cached(inventory_dir: str, driver_root: str, dev_root: str) -> Host | None:
@@ -63,8 +64,9 @@ def load_cached(inventory_dir: str, driver_root: str, dev_root: str) -> Host | N
     raw = filecache.read(path)
     if raw is None:
         return None
-    if _last and _last[0] == (path, raw, key):
-        return _last[1]
+    kept = _last.get((path, raw, key))
+    if kept is not None:
+        return kept
     data = filecache.load(path, key, raw)
     if not isinstance(data, dict):
         return None
@@ -72,8 +74,7 @@ def load_cached(inventory_dir: str, driver_root: str, dev_root: str) -> Host | N
         host = Host.from_dict(data)
     except (ValueError, KeyError, TypeError):
         return None
-    _last[:] = [(path, raw, key), host]
-    return host
+    return _last.keep((path, raw, key), host)
 
 
 def store(inventory_dir: str, host: Host) -> None:

@@ -3,6 +3,7 @@ standalone prestart hook alike, so both enforce the same rules."""
 
 from __future__ import annotations
 
+from nvshim.memo import Last
 from nvshim.record import field, record
 
 TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
@@ -90,8 +91,8 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
 
 
 # the last host's common edits (a worker of nvshim-runtimed keeps the host it loaded
-# while the inventory is unchanged): (host, capabilities, hook path, edits)
-_common: list = []
+# while the inventory is unchanged)
+_common = Last()
 
 
 def _common_edits(host: Host, caps, hook_path: str) -> ContainerEdits:
@@ -100,12 +101,9 @@ def _common_edits(host: Host, caps, hook_path: str) -> ContainerEdits:
     are frozen records)."""
     from nvshim.host.edits import common_edits
 
-    caps = tuple(caps)
-    if _common and _common[0] is host and _common[1:3] == [caps, hook_path]:
-        return _common[3]
-    edits = common_edits(host, caps, hook_path)
-    _common[:] = [host, caps, hook_path, edits]
-    return edits
+    key = (host, tuple(caps), hook_path)
+    kept = _common.get(key)
+    return kept if kept is not None else _common.keep(key, common_edits(*key))
 
 
 def _cdi_and_engine_devices(devices, request, host, config) -> tuple[list, ContainerEdits]:

@@ -6,7 +6,7 @@ costs, measured in one run (the shared VMs drift too much between runs).
 
 Prints the medians, the paired differences and ratios with the 95% interval of each
 median difference (``bench.paired.median_interval``: a create's time spreads by several
-ms here, so 40 rounds leave a 2 to 3 ms interval; the default is 100), the yardstick
+ms here, so 40 rounds leave an interval of about +-4 ms; the default is 100), the yardstick
 (one ``python3 -IS -c pass``) and how each daemon served the calls.
 
 Every create (runc's too) gets its own copy of a busybox image with glibc's loader, as a
@@ -102,11 +102,11 @@ def main() -> None:
     for name in ours:
         create_ms, list_ms = figures[f"create: {name}"], figures[f"list: {name}"]
         added = [a - b for a, b in zip(create_ms, bare_create, strict=True)]
-        low, high = median_interval(added)
+        mid, (low, high) = statistics.median(added), median_interval(added)
         ratio = statistics.median(a / b for a, b in zip(list_ms, bare_list, strict=True))
         print(f"  {name:<10} 1-GPU create {statistics.median(create_ms):6.1f} (runc, no GPU "
-              f"{statistics.median(bare_create):5.1f}): {statistics.median(added):+6.1f} = "
-              f"{statistics.median(added) / yardstick:+.1f} yardsticks (95%: "
+              f"{statistics.median(bare_create):5.1f}): {mid:+6.1f} = "
+              f"{mid / yardstick:+.1f} yardsticks (95%: "
               f"{low / yardstick:+.1f} to {high / yardstick:+.1f}); "
               f"list {ratio:.2f}x runc")  # fmt: skip
     if opts.previous:

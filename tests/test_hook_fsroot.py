@@ -126,9 +126,9 @@ def test_create_symlinks_opens_each_directory_once_and_stays_in_the_root(
 ):
     """Several links in one directory: it is opened once (one walk, not one per link),
     every link lands where the walk from the root puts it (an image's symlinked
-    directory is followed inside the root, never to the host), a link through another
-    link's directory is resolved after that link exists, and no fd is left open, also
-    when a link fails."""
+    directory is followed inside the root, never to the host), a link whose directory is
+    an image's file fails naming the link, and no fd is left open, also when a link
+    fails."""
     from nvshim.errors import NvshimError
     from nvshim.hook.symlinks import create_symlinks
 

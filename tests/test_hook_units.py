@@ -186,9 +186,10 @@ def test_no_glibc_loader_no_ldconfig(tmp_path):
     assert os.listdir(root / "etc") == []
 
 
-def test_reachability_counts_only_libraries_with_a_soname(tmp_path):
-    """After one ldconfig run everything is reachable; a library without a SONAME (never
-    cached by ldconfig) does not force another run, a new library with one does."""
+def test_reachability_counts_every_library_ldconfig_caches(tmp_path):
+    """After one update everything is reachable; a new library counts, with a SONAME or
+    without one (ldconfig caches that under its file name); a file that is not ELF
+    does not."""
     root = tmp_path / "rootfs"
     lib = root / "usr/lib/x86_64-linux-gnu"
     build_stub_library(lib / "libcuda.so.550.90.12", "libcuda.so.1")
@@ -201,14 +202,17 @@ def test_reachability_counts_only_libraries_with_a_soname(tmp_path):
         fd = open_host_ldconfig()
         with RootFS(str(root)) as fs:
             first = update_ldcache(fs, [folder], fd)
+            (lib / "libnotes.so.txt").write_text("not a library")
+            after_text = unreachable(fs, [folder])
             build_stub_library(lib / "libplugin.so", "")
             after_plugin = unreachable(fs, [folder])
             build_stub_library(lib / "libnew.so.2.0", "libnew.so.2")
             after_new = unreachable(fs, [folder])
-        return [first["ldcache"], after_plugin, after_new]
+        return [first["ldcache"], after_text, after_plugin, after_new]
 
     result = in_private_mount_ns(work)
-    assert result.get("ok") == ["updated", [], [f"{folder}/libnew.so.2.0"]], result
+    plugin = f"{folder}/libplugin.so"
+    assert result.get("ok") == ["updated", [], [plugin], [f"{folder}/libnew.so.2.0", plugin]]
     assert (root / "etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
     assert folder in (root / "etc/ld.so.conf.d/00-nvshim.conf").read_text().splitlines()
 

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from nvshim import __version__
+from nvshim.ldcache import parse_ld_cache
 from tests.podman_util import make_busybox_rootfs
 from tests.runc_util import make_bundle
 from tests.test_runtime_daemon import Daemon, creates  # noqa: F401
@@ -241,10 +242,14 @@ def test_an_ld_so_configuration_past_16_mib_fails_its_create_at_once(creates):  
 
 def _refused_at_once(creates, rootfs, where: str, why: str = "not a regular file") -> None:  # noqa: F811
     """A served GPU create of glibc image ``rootfs`` fails within 10 s with one line
-    naming ``where`` and ``why``; the daemon's only worker serves the next."""
+    naming ``where`` and ``why``; the daemon's only worker serves the next. The image's
+    ``/etc/ld.so.cache`` is not a cache: nvshim cannot add to it, so the host ldconfig
+    would run (``_served_at_once``: where nvshim adds to the cache itself)."""
     d = Daemon(creates, "--workers", "1")
     try:
         _glibc_loader(rootfs)
+        with open(f"{rootfs}/etc/ld.so.cache", "wb") as fh:
+            fh.write(b"not a cache")
         cid = f"libfifo-{os.getpid()}"
         creates.ids.append(cid)
         bundle = make_bundle(creates.tmp, rootfs, ["/bin/true"],
@@ -257,6 +262,46 @@ def _refused_at_once(creates, rootfs, where: str, why: str = "not a regular file
         assert why in line and creates.state(cid) is None
         bundle, cid = bundle_for(creates, "after-libfifo")
         assert create(creates, bundle, cid).returncode == 0, creates.output(cid)
+    finally:
+        assert d.stop() == 0
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["libfifo", "aux-cache-fifo", "cache-temp-device", "include-cycle"],
+)
+def test_without_ldconfig_the_same_images_are_served_at_once(creates, shape):  # noqa: F811
+    """Where nvshim adds the libraries to the image's cache itself, what held ldconfig
+    is never opened: a FIFO behind a library name in the injected folder, a FIFO as
+    ldconfig's auxiliary cache, a device node as its temporary cache file, an include
+    cycle. The create succeeds at once and the cache leads to the driver libraries."""
+    rootfs = make_busybox_rootfs(creates.tmp / f"rootfs-{shape}")
+    os.makedirs(f"{rootfs}/usr/lib/x86_64-linux-gnu", exist_ok=True)
+    os.makedirs(f"{rootfs}/var/cache/ldconfig", exist_ok=True)
+    if shape == "libfifo":
+        os.mkfifo(f"{rootfs}/fifo")
+        os.symlink("/fifo", f"{rootfs}/usr/lib/x86_64-linux-gnu/libzz.so.1")
+    elif shape == "aux-cache-fifo":
+        os.mkfifo(f"{rootfs}/var/cache/ldconfig/aux-cache")
+    elif shape == "cache-temp-device":
+        os.mknod(f"{rootfs}/etc/ld.so.cache~", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    else:
+        with open(f"{rootfs}/etc/ld.so.conf", "w") as fh:
+            fh.write("include /etc/ld.so.conf\n")
+    d = Daemon(creates, "--workers", "1")
+    try:
+        _glibc_loader(rootfs)
+        cid = f"{shape}-{os.getpid()}"
+        creates.ids.append(cid)
+        bundle = make_bundle(creates.tmp, rootfs, ["/bin/true"],
+                             env={"NVIDIA_VISIBLE_DEVICES": "0"}, name=cid)  # fmt: skip
+        began = time.monotonic()
+        proc = create(creates, bundle, cid)
+        assert proc.returncode == 0 and time.monotonic() - began < 10, creates.output(cid)
+        assert creates.state(cid)["status"] == "created"
+        with open(f"{rootfs}/etc/ld.so.cache", "rb") as fh:
+            cached = {e.name for e in parse_ld_cache(fh.read())}
+        assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= cached
     finally:
         assert d.stop() == 0
 

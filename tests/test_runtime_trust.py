@@ -352,10 +352,14 @@ def test_a_burst_waits_for_a_busy_worker_instead_of_starting_python(creates, tmp
 )
 def test_a_fifo_in_the_images_ld_so_conf_d_fails_its_create_at_once(creates, daemon, fifo, conf):  # noqa: F811
     """Issue 22: ldconfig opening a FIFO blocked a worker for 60 s; it is refused, in
-    /etc/ld.so.conf.d or wherever an include line of the image's /etc/ld.so.conf names."""
+    /etc/ld.so.conf.d or wherever an include line of the image's /etc/ld.so.conf names,
+    where the host ldconfig would run (the image's ld.so.cache is not one nvshim can add
+    to; where it is, nothing reads the configuration: test_runtime_races.py)."""
     rootfs = make_busybox_rootfs(creates.tmp / "rootfs-fifo")
     os.makedirs(os.path.dirname(f"{rootfs}{fifo}"), exist_ok=True)
     os.mkfifo(f"{rootfs}{fifo}")
+    with open(f"{rootfs}/etc/ld.so.cache", "wb") as fh:
+        fh.write(b"not a cache")
     if conf:
         with open(f"{rootfs}/etc/ld.so.conf", "w") as fh:
             fh.write(f"# the image's\n{conf}\n")

@@ -2,10 +2,18 @@
 
 An image without a glibc dynamic loader (static or musl programs only) never reads an
 ld.so cache, and if every library in the folders already resolves through the
-container's ``/etc/ld.so.cache`` (parsed here, fd-based), nothing runs. Otherwise the
-folders are
-listed in ``/etc/ld.so.conf.d/00-nvshim.conf`` and the *host's* statically linked
-ldconfig, opened as an fd before anything else, runs sealed: a thread of its own makes a
+container's ``/etc/ld.so.cache`` (parsed here, fd-based), nothing is written. Otherwise
+the folders are listed in ``/etc/ld.so.conf.d/00-nvshim.conf`` (a later ldconfig in the
+container keeps them) and the libraries are added to the image's cache here, as the
+host's ldconfig would cache them (``merged_cache``: the SONAME link, the ``.so`` link, a
+library without a SONAME under its file name; in ldconfig's order, the image's entries,
+glibc-hwcaps names and generator kept). No process runs, and nothing in the image but
+the cache, the folders' listings and the new libraries' ELF headers is read.
+
+Where that cannot be done exactly (a name the cache already holds, a link ldconfig would
+make first, a cache it cannot read or write back as read) the *host's* statically
+linked ldconfig, opened as an fd before anything else, runs sealed: a thread of its own
+makes a
 private copy of the mount namespace, detaches every procfs mount under the root (no
 magic link such as ``/proc/1/root`` can lead it out), enters a detached read-only tmpfs
 holding a copy of the ldconfig fd's bytes (made once a process and kept while the file is
@@ -29,7 +37,16 @@ import struct
 import time
 
 from nvshim.errors import NvshimError
-from nvshim.ldcache import LdCacheError, parse_ld_cache
+from nvshim.ldcache import (
+    FLAG_ELF_LIBC6,
+    FLAG_TYPE_MASK,
+    LdCacheError,
+    LdCacheFile,
+    read_ld_cache,
+    render_ld_cache,
+    with_entries,
+)
+from nvshim.record import record, replace
 from nvshim.rootfs import kernel
 from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 from nvshim.rootfs.mountinfo import mounts
@@ -56,7 +73,7 @@ HWCAP_DIRS = ("glibc-hwcaps", "tls", "x86_64", "haswell", "xeon_phi", "i686", "i
               "sse2", "avx512_1", "aarch64", "power8", "power9", "power10")  # fmt: skip
 SCAN_LIMIT = 200_000  # directory entries looked at, at most (the deadline covers more)
 CONF_BYTES = 16 << 20  # configuration files read in all, at most (an image's: a few KiB)
-MAX_CACHE_BYTES = 64 << 20
+MAX_CACHE_BYTES = 8 << 20  # read and parsed here: 0.2 s at most (a real one: < 1 MiB)
 LDCONFIG_ENV = {"LC_ALL": "C"}
 LDCONFIG_TIMEOUT = 20.0  # a backstop: what could block it was refused beforehand
 # The PT_INTERP of glibc programs on each architecture: the only readers of ld.so.cache.
@@ -72,10 +89,17 @@ PT_DYNAMIC = 2
 PT_LOAD = 1
 DT_SONAME = 14
 DT_STRTAB = 5
+# e_machine of a 64-bit library -> the flags ldconfig caches it with (FLAG_ELF_LIBC6 and
+# the architecture's: "64-bit libraries are always libc.so.6+")
+LIB64_FLAGS = {62: 0x0303, 183: 0x0A03, 21: 0x0503}  # x86-64, aarch64, ppc64
 
 
-def _elf_headers(fd: int) -> tuple[str, list[tuple[int, int, int, int, int]]] | None:
-    """(endianness, [(p_type, p_offset, p_vaddr, p_filesz, ...)]) of a 64-bit ELF file."""
+ElfHeaders = tuple[str, list[tuple[int, int, int, int, int]], int]
+
+
+def _elf_headers(fd: int) -> ElfHeaders | None:
+    """(endianness, [(p_type, p_offset, p_vaddr, p_filesz, ...)], e_machine) of a 64-bit
+    ELF file."""
     head = os.pread(fd, 64, 0)
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] not in (1, 2):
         return None
@@ -85,13 +109,14 @@ def _elf_headers(fd: int) -> tuple[str, list[tuple[int, int, int, int, int]]] | 
     if phentsize < 56 or phnum > 512:
         return None
     table = os.pread(fd, phentsize * phnum, phoff)
+    (machine,) = struct.unpack_from(end + "H", head, 18)
     headers = []
     for i in range(len(table) // phentsize):
         p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
             end + "IIQQQQ", table, i * phentsize
         )
         headers.append((p_type, p_offset, p_vaddr, p_filesz, 0))
-    return end, headers
+    return end, headers, machine
 
 
 def is_static_elf(fd: int) -> bool:
@@ -102,10 +127,21 @@ def is_static_elf(fd: int) -> bool:
 
 def elf_soname(fd: int) -> str | None:
     """DT_SONAME of a 64-bit ELF shared object, None if it has none or is not ELF."""
+    return elf_library(fd)[0]
+
+
+def elf_library(fd: int) -> tuple[str | None, int | None]:
+    """(DT_SONAME, the ld.so.cache flags ldconfig gives it) of a 64-bit ELF shared
+    object: no SONAME if it has none or is not ELF; no flags for an architecture
+    ``LIB64_FLAGS`` does not name."""
     parsed = _elf_headers(fd)
     if parsed is None:
-        return None
-    end, headers = parsed
+        return None, None
+    return _soname(fd, parsed), LIB64_FLAGS.get(parsed[2])
+
+
+def _soname(fd: int, parsed: ElfHeaders) -> str | None:
+    end, headers, _machine = parsed
     dyn = next((h for h in headers if h[0] == PT_DYNAMIC), None)
     if dyn is None or dyn[3] > 1 << 20:
         return None
@@ -172,35 +208,113 @@ def unreachable(root: RootFS, folders: list[str]) -> list[str]:
     or the file its link chain inside the same folder ends at. Library files without a
     SONAME are never cached by ldconfig and are not counted.
     """
+    return [lib.path for lib in _unreached(root, folders, image_cache(root)[0])]
+
+
+@record(frozen=True)
+class Unreached:
+    """A library file no cache entry leads to, and what ldconfig would cache it as: its
+    SONAME (its file name where it has none), the flags (None: an architecture not
+    known here), whether the link named after its SONAME in its folder leads to it, and
+    the ``.so`` links in its folder that lead to it (``dev_links``: ldconfig caches each
+    whose name begins its SONAME under that name)."""
+
+    folder: str
+    name: str
+    soname: str
+    flags: int | None
+    linked: bool
+    dev_links: tuple = ()
+
+    @property
+    def path(self) -> str:
+        return posixpath.join(self.folder, self.name)
+
+
+def image_cache(root: RootFS) -> tuple[LdCacheFile, str | None]:
+    """The container's ld.so.cache as read (none: no entries), and why it cannot be
+    added to (None when it can): not a regular file, too large, not a cache."""
     try:
-        data = root.read(CACHE, MAX_CACHE_BYTES) or b""
-        entries = parse_ld_cache(data) if data else []
-    except (OSError, LdCacheError):
-        entries = []
-    cached: dict[str, set[str]] = {}
-    for entry in entries:
-        folder, name = posixpath.split(entry.path)
-        cached.setdefault(folder, set()).add(name)
-    missing: list[str] = []
+        data = root.read(CACHE, MAX_CACHE_BYTES)
+    except (OSError, RootPathError) as err:
+        return LdCacheFile([]), f"{CACHE}: {getattr(err, 'strerror', None) or err}"
+    if not data:
+        return LdCacheFile([]), None
+    try:
+        cache = read_ld_cache(data)
+    except (LdCacheError, struct.error) as err:
+        return LdCacheFile([]), f"{CACHE}: {err}"
+    return cache, cache.problem and f"{CACHE}: {cache.problem}"
+
+
+def _unreached(root: RootFS, folders: list[str], cache: LdCacheFile) -> list[Unreached]:
+    """``unreachable``'s libraries, with what adding each to the cache needs. A 64-bit
+    ELF library without a SONAME counts under its file name (ldconfig caches it so)."""
+    cached = _cached_names(root, cache, {posixpath.basename(f) for f in folders})
+    missing: list[Unreached] = []
     for folder in folders:
         try:
             dfd = root.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         except (FileNotFoundError, NotADirectoryError):
             continue
         try:
-            reached = {_chase(dfd, folder, name) for name in cached.get(folder, ())}
-            for name in sorted(os.listdir(dfd)):
-                if name in reached or not _is_library_name(name):
-                    continue
-                try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode) and _soname_at(dfd, name):
-                    missing.append(posixpath.join(folder, name))
+            st = os.fstat(dfd)
+            missing += _unreached_in(dfd, folder, cached.get((st.st_dev, st.st_ino), set()))
         finally:
             os.close(dfd)
     return missing
+
+
+def _cached_names(
+    root: RootFS, cache: LdCacheFile, basenames: set[str]
+) -> dict[tuple[int, int], set[str]]:
+    """The names the cache's libc6 entries give in each folder, by the folder's identity
+    (device, inode) in the root: ``/lib/x86_64-linux-gnu`` in an image whose ``/lib`` is
+    ``usr/lib`` is ``/usr/lib/x86_64-linux-gnu``. Only folders named like one of
+    ``basenames`` are looked up (an image's cache names a handful of folders)."""
+    by_path: dict[str, set[str]] = {}
+    for flags, _key, value, _osv, _hwcap in cache.entries:
+        if flags & FLAG_TYPE_MASK == FLAG_ELF_LIBC6:
+            folder, name = posixpath.split(value.decode("utf-8", "surrogateescape"))
+            by_path.setdefault(folder, set()).add(name)
+    cached: dict[tuple[int, int], set[str]] = {}
+    for folder, names in by_path.items():
+        if posixpath.basename(folder) not in basenames:
+            continue
+        try:
+            st = root.stat(folder)
+        except (OSError, RootPathError):
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            cached.setdefault((st.st_dev, st.st_ino), set()).update(names)
+    return cached
+
+
+def _unreached_in(dfd: int, folder: str, cached: set[str]) -> list[Unreached]:
+    """The unreached libraries of one folder (``dfd``), given the names cached in it."""
+    reached = {_chase(dfd, folder, name) for name in cached}
+    found: dict[str, Unreached] = {}
+    dev: list[str] = []
+    with os.scandir(dfd) as listing:  # types from the listing: no stat per entry
+        names = sorted((e.name, e.is_symlink(), e.is_file(follow_symlinks=False))
+                       for e in listing if _is_library_name(e.name))  # fmt: skip
+    for name, link, regular in names:
+        if name in reached:
+            continue
+        if link and name.endswith(".so"):
+            dev.append(name)
+        if not regular:
+            continue
+        soname, flags = _library_at(dfd, name)
+        if flags is not None or soname:  # a 64-bit ELF file
+            soname = soname or name
+            linked = "/" not in soname and _chase(dfd, folder, soname) == name
+            found[name] = Unreached(folder, name, soname, flags, linked)
+    for link in dev:
+        lib = found.get(_chase(dfd, folder, link) or "")
+        if lib and link != lib.soname and lib.soname.startswith(link):
+            found[lib.name] = replace(lib, dev_links=(*lib.dev_links, link))
+    return list(found.values())
 
 
 def _chase(dfd: int, folder: str, name: str) -> str | None:
@@ -226,15 +340,18 @@ def _chase(dfd: int, folder: str, name: str) -> str | None:
     return None
 
 
-def _soname_at(dfd: int, name: str) -> str | None:
+def _library_at(dfd: int, name: str) -> tuple[str | None, int | None]:
+    """``elf_library`` of the file ``name`` in ``dfd`` (nothing for what cannot be read)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:
-        return None
+        return None, None
     try:
-        return elf_soname(fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the listing
+            return None, None
+        return elf_library(fd)
     except (OSError, struct.error):
-        return None
+        return None, None
     finally:
         os.close(fd)
 
@@ -253,14 +370,18 @@ def has_glibc_loader(root: RootFS) -> bool:
 
 def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[str, object]:
     """Skip when nothing in the image reads an ld.so cache or every library is already
-    reachable through it; else write the conf file and run the host ldconfig.
+    reachable through it; else list the folders in the conf file and add the libraries
+    to the image's cache as ldconfig would (``merged_cache``), or, where that cannot be
+    done exactly, run the host ldconfig.
 
-    Returns log fields including the time the check and ldconfig took (ms).
+    Returns log fields including the time the check and the update took (ms), and
+    which wrote the cache (``writer``: nvshim, or ldconfig with the reason in ``merge``).
     """
     folders = folder_paths(folders)
     started = time.perf_counter()
     loader = has_glibc_loader(root)
-    missing = unreachable(root, folders) if loader else []
+    cache, problem = image_cache(root) if loader else (LdCacheFile([]), None)
+    missing = _unreached(root, folders, cache) if loader else []
     fields: dict[str, object] = {
         "folders": ",".join(folders),
         "check_ms": round((time.perf_counter() - started) * 1000, 2),
@@ -272,20 +393,55 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         fields["ldcache"] = "skipped-reachable"
         return fields
     fields["unreachable"] = len(missing)
-    confs = refuse_special_confs(root)
-    refuse_special_caches(root)
-    refuse_special_libraries(root, [*folders, *conf_dirs(root, confs), *TRUSTED_DIRS])
+    started = time.perf_counter()
+    merged, declined = merged_cache(cache, problem, missing)
+    if merged is None:
+        fields["merge"] = declined
+        confs = refuse_special_confs(root)
+        refuse_special_caches(root)
+        refuse_special_libraries(root, [*folders, *conf_dirs(root, confs), *TRUSTED_DIRS])
     text = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
     try:
         root.write_file(CONF_FILE, (text + "\n").encode())
         root.create_exclusive(CONF, b"include /etc/ld.so.conf.d/*.conf\n")
+        if merged is not None:
+            root.write_file(CACHE, merged)
     except (OSError, RootPathError) as err:
-        raise NvshimError(f"{CONF_FILE} in the container root: cannot write: {err}") from None
-    started = time.perf_counter()
-    run_ldconfig(root, ldconfig_fd, folders)
-    fields["ldconfig_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        raise NvshimError(f"{CACHE} or {CONF_FILE} in the container root: cannot write: "
+                          f"{getattr(err, 'strerror', None) or err}") from None  # fmt: skip
+    if merged is None:
+        run_ldconfig(root, ldconfig_fd, folders)
+    fields["update_ms"] = round((time.perf_counter() - started) * 1000, 2)
+    fields["writer"] = "ldconfig" if merged is None else "nvshim"
     fields["ldcache"] = "updated"
     return fields
+
+
+def merged_cache(
+    cache: LdCacheFile, problem: str | None, missing: list[Unreached]
+) -> tuple[bytes | None, str | None]:
+    """(the image's cache with the entries ldconfig would add for ``missing``, None), or
+    (None, why ldconfig must rebuild it instead): the cache cannot be read or written
+    back as read, a library's architecture or link is not the plain case (ldconfig
+    would make the link), two libraries share a SONAME or one is already cached under
+    it (ldconfig's rules choose between them)."""
+    if problem:
+        return None, problem
+    added: dict[str, tuple[int, bytes, bytes, int, int]] = {}
+    for lib in missing:
+        if lib.flags is None:
+            return None, f"{lib.path}: an architecture this step does not know"
+        if not lib.linked:
+            return None, f"{lib.path}: {lib.soname} in its folder does not lead to it"
+        for name in (lib.soname, *lib.dev_links):
+            if name in added:
+                return None, f"{lib.path}: another library is cached as {name}"
+            path = posixpath.join(lib.folder, name)
+            added[name] = (lib.flags, name.encode(), path.encode(), 0, 0)
+    try:
+        return render_ld_cache(with_entries(cache, list(added.values()))), None
+    except LdCacheError as err:
+        return None, str(err)
 
 
 def refuse_special_confs(root: RootFS) -> list[str]:

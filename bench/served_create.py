@@ -11,10 +11,10 @@ ms here, so 40 rounds leave an interval of about +-4 ms; the default is 100), th
 
 Every create (runc's too) gets its own copy of a busybox image with glibc's loader, as a
 pod's new container of a CUDA image has its own root: runc makes the GPU's mount points
-in it, the finishing steps make its links and the ld-cache step runs the host's
-ldconfig. ``--shared-root`` is the shape of the figures before 2026-11-28: one root
-without the loader for every create, where the step is skipped and the mount points and
-links are there from the first create on.
+in it, the finishing steps make its links and the ld-cache step writes its cache.
+``--shared-root`` is the shape of the figures before 2026-11-28: one root without the
+loader for every create, where the step is skipped and the mount points and links are
+there from the first create on.
 
 Run as root: ``.venv/bin/python3 bench/served_create.py [--rounds N] [--previous DIR]
 [--shared-root]`` (``DIR``: a tree holding an earlier ``nvshim`` package, e.g. from ``git

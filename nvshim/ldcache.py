@@ -72,13 +72,16 @@ class LdCacheFile:
 def parse_ld_cache(data: bytes) -> list[LdCacheEntry]:
     """The libc6 entries of an ld.so.cache image, in file order (the lookup order ld.so
     uses)."""
-    return [
-        LdCacheEntry(
-            key.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"), flags
-        )  # fmt: skip
-        for flags, key, value, _osv, _hwcap in read_ld_cache(data).entries
-        if (flags & FLAG_TYPE_MASK) == FLAG_ELF_LIBC6
-    ]
+    found = []
+    for flags, key, value, _osv, _hwcap in read_ld_cache(data).entries:
+        if (flags & FLAG_TYPE_MASK) == FLAG_ELF_LIBC6:
+            found.append(LdCacheEntry(text(key), text(value), flags))
+    return found
+
+
+def text(raw: bytes) -> str:
+    """A cache string as ``str`` (bytes that are not UTF-8 kept as surrogates)."""
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def read_ld_cache(data: bytes) -> LdCacheFile:
@@ -151,7 +154,9 @@ def _extensions(data: bytes, at: int) -> tuple[tuple[bytes, ...], bytes | None]:
             raise LdCacheError(f"section {tag} out of range or flagged")
         if tag == TAG_GENERATOR:
             generator = data[where : where + size]
-        elif tag == TAG_HWCAPS and size % 4 == 0 and where % 4 == 0:
+        elif tag == TAG_HWCAPS:
+            if size % 4 or where % 4:
+                raise LdCacheError("misaligned glibc-hwcaps section")
             names = []
             for (offset,) in struct.iter_unpack("<I", data[where : where + size]):
                 stop = data.find(b"\0", offset)

@@ -8,6 +8,7 @@ import errno
 import io
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 
@@ -20,6 +21,7 @@ from nvshim.hook.ldconfig import (
     HOST_LDCONFIG,
     _detach_procfs,
     _proc_mounts_under,
+    elf_library,
     elf_soname,
     has_glibc_loader,
     is_static_elf,
@@ -132,10 +134,15 @@ def test_elf_inspection(tmp_path):
     bare = build_stub_library(tmp_path / "libbare.so", "")
     text = tmp_path / "text.so"
     text.write_text("not an ELF file at all, but long enough to have a header......")
-    for path, soname in ((lib, "libx.so.1"), (bare, None), (str(text), None)):
+    wide = bytearray(pathlib.Path(lib).read_bytes())
+    wide[54:56] = (0xFFFF).to_bytes(2, "little")  # e_phentsize: 512 of them would be 32 MiB
+    (tmp_path / "libwide.so.1").write_bytes(bytes(wide))  # refused, not read
+    wide_path = tmp_path / "libwide.so.1"
+    for path, found in ((lib, ("libx.so.1", 0x303)), (bare, (None, 0x303)),
+                        (str(text), (None, None)), (wide_path, (None, None))):  # fmt: skip
         fd = os.open(path, os.O_RDONLY)
         try:
-            assert elf_soname(fd) == soname
+            assert (elf_soname(fd), elf_library(fd)) == (found[0], found)
         finally:
             os.close(fd)
     fd = open_host_ldconfig()

@@ -244,19 +244,14 @@ def _refused_at_once(creates, rootfs, where: str, why: str = "not a regular file
     """A served GPU create of glibc image ``rootfs`` fails within 10 s with one line
     naming ``where`` and ``why``; the daemon's only worker serves the next. The image's
     ``/etc/ld.so.cache`` is not a cache: nvshim cannot add to it, so the host ldconfig
-    would run (``_served_at_once``: where nvshim adds to the cache itself)."""
+    would run (``test_without_ldconfig_the_same_images_are_served_at_once``: where nvshim
+    adds to the cache itself)."""
     d = Daemon(creates, "--workers", "1")
     try:
-        _glibc_loader(rootfs)
         with open(f"{rootfs}/etc/ld.so.cache", "wb") as fh:
             fh.write(b"not a cache")
-        cid = f"libfifo-{os.getpid()}"
-        creates.ids.append(cid)
-        bundle = make_bundle(creates.tmp, rootfs, ["/bin/true"],
-                             env={"NVIDIA_VISIBLE_DEVICES": "0"}, name=cid)  # fmt: skip
-        began = time.monotonic()
-        proc = create(creates, bundle, cid)
-        assert proc.returncode == 1 and time.monotonic() - began < 10, creates.output(cid)
+        cid, proc, took = _gpu_create(creates, rootfs, "libfifo")
+        assert proc.returncode == 1 and took < 10, creates.output(cid)
         (line,) = creates.output(cid).splitlines()
         assert line.startswith("nvshim-runtime: error: ") and where in line, line
         assert why in line and creates.state(cid) is None
@@ -290,20 +285,27 @@ def test_without_ldconfig_the_same_images_are_served_at_once(creates, shape):  #
             fh.write("include /etc/ld.so.conf\n")
     d = Daemon(creates, "--workers", "1")
     try:
-        _glibc_loader(rootfs)
-        cid = f"{shape}-{os.getpid()}"
-        creates.ids.append(cid)
-        bundle = make_bundle(creates.tmp, rootfs, ["/bin/true"],
-                             env={"NVIDIA_VISIBLE_DEVICES": "0"}, name=cid)  # fmt: skip
-        began = time.monotonic()
-        proc = create(creates, bundle, cid)
-        assert proc.returncode == 0 and time.monotonic() - began < 10, creates.output(cid)
+        cid, proc, took = _gpu_create(creates, rootfs, shape)
+        assert proc.returncode == 0 and took < 10, creates.output(cid)
         assert creates.state(cid)["status"] == "created"
         with open(f"{rootfs}/etc/ld.so.cache", "rb") as fh:
             cached = {e.name for e in parse_ld_cache(fh.read())}
         assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= cached
     finally:
         assert d.stop() == 0
+
+
+def _gpu_create(creates, rootfs, name: str) -> tuple[str, subprocess.CompletedProcess, float]:  # noqa: F811
+    """A 1-GPU create of ``rootfs`` made a glibc image (container ``NAME-PID``): its id,
+    the finished call and the seconds it took."""
+    _glibc_loader(rootfs)
+    cid = f"{name}-{os.getpid()}"
+    creates.ids.append(cid)
+    bundle = make_bundle(creates.tmp, rootfs, ["/bin/true"],
+                         env={"NVIDIA_VISIBLE_DEVICES": "0"}, name=cid)  # fmt: skip
+    began = time.monotonic()
+    proc = create(creates, bundle, cid)
+    return cid, proc, time.monotonic() - began
 
 
 def _glibc_loader(rootfs) -> None:

@@ -44,6 +44,7 @@ from nvshim.ldcache import (
     LdCacheFile,
     read_ld_cache,
     render_ld_cache,
+    text,
     with_entries,
 )
 from nvshim.record import record, replace
@@ -51,6 +52,10 @@ from nvshim.rootfs import kernel
 from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 from nvshim.rootfs.mountinfo import mounts
 from nvshim.rootfs.namespace import in_thread
+
+TYPE_CHECKING = False  # typing costs ~5 ms at import, per container
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 HOST_LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
 CACHE = "/etc/ld.so.cache"
@@ -106,7 +111,7 @@ def _elf_headers(fd: int) -> ElfHeaders | None:
     end = "<" if head[5] == 1 else ">"
     (phoff,) = struct.unpack_from(end + "Q", head, 32)
     phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
-    if phentsize < 56 or phnum > 512:
+    if phentsize != 56 or phnum > 512:  # an Elf64_Phdr: at most 28 KiB read
         return None
     table = os.pread(fd, phentsize * phnum, phoff)
     (machine,) = struct.unpack_from(end + "H", head, 18)
@@ -205,8 +210,9 @@ def unreachable(root: RootFS, folders: list[str]) -> list[str]:
     """Libraries in ``folders`` the container's current ld.so.cache does not lead to.
 
     A cache entry names a path (usually the SONAME link); it leads to the file it is,
-    or the file its link chain inside the same folder ends at. Library files without a
-    SONAME are never cached by ldconfig and are not counted.
+    or the file its link chain inside the same folder ends at. A 64-bit ELF library
+    without a SONAME counts under its file name (ldconfig caches it so); a file that is
+    not ELF does not count.
     """
     return [lib.path for lib in _unreached(root, folders, image_cache(root)[0])]
 
@@ -275,7 +281,7 @@ def _cached_names(
     by_path: dict[str, set[str]] = {}
     for flags, _key, value, _osv, _hwcap in cache.entries:
         if flags & FLAG_TYPE_MASK == FLAG_ELF_LIBC6:
-            folder, name = posixpath.split(value.decode("utf-8", "surrogateescape"))
+            folder, name = posixpath.split(text(value))
             by_path.setdefault(folder, set()).add(name)
     cached: dict[tuple[int, int], set[str]] = {}
     for folder, names in by_path.items():
@@ -400,21 +406,26 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         confs = refuse_special_confs(root)
         refuse_special_caches(root)
         refuse_special_libraries(root, [*folders, *conf_dirs(root, confs), *TRUSTED_DIRS])
-    text = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
-    try:
-        root.write_file(CONF_FILE, (text + "\n").encode())
-        root.create_exclusive(CONF, b"include /etc/ld.so.conf.d/*.conf\n")
-        if merged is not None:
-            root.write_file(CACHE, merged)
-    except (OSError, RootPathError) as err:
-        raise NvshimError(f"{CACHE} or {CONF_FILE} in the container root: cannot write: "
-                          f"{getattr(err, 'strerror', None) or err}") from None  # fmt: skip
-    if merged is None:
+    drop_in = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
+    _write(root, CONF_FILE, lambda: root.write_file(CONF_FILE, (drop_in + "\n").encode()))
+    _write(root, CONF, lambda: root.create_exclusive(CONF, b"include /etc/ld.so.conf.d/*.conf\n"))
+    if merged is not None:
+        _write(root, CACHE, lambda: root.write_file(CACHE, merged))
+    else:
         run_ldconfig(root, ldconfig_fd, folders)
     fields["update_ms"] = round((time.perf_counter() - started) * 1000, 2)
     fields["writer"] = "ldconfig" if merged is None else "nvshim"
     fields["ldcache"] = "updated"
     return fields
+
+
+def _write(root: RootFS, path: str, write: Callable[[], object]) -> None:
+    """``write()``, its failure one NvshimError naming ``path``."""
+    try:
+        write()
+    except (OSError, RootPathError) as err:
+        detail = getattr(err, "strerror", None) or err
+        raise NvshimError(f"{path} in the container root: cannot write: {detail}") from None
 
 
 def merged_cache(

@@ -260,20 +260,20 @@ def render_ld_cache(cache: LdCacheFile) -> bytes:
         packed.append(_NEW_ENTRY.pack(flags, name, path, osv, hwcap))
     names = struct.pack(f"<{len(cache.hwcaps)}I", *(at(h) for h in cache.hwcaps))
     strings = bytes(table)
-    sections = []
     ext = b""
     ext_at = 0
     if cache.hwcaps or cache.generator is not None:
         ext_at = (base + len(strings) + 3) & ~3
-        count_sections = (cache.generator is not None) + bool(cache.hwcaps)
-        data_at = ext_at + _EXT_HEADER.size + count_sections * _EXT_SECTION.size
+        n_sections = bool(cache.hwcaps) + (cache.generator is not None)
+        data_at = ext_at + _EXT_HEADER.size + n_sections * _EXT_SECTION.size  # names, generator
+        sections = []
         if cache.hwcaps:
             sections.append(_EXT_SECTION.pack(TAG_HWCAPS, 0, data_at, len(names)))
         if cache.generator is not None:
-            where = data_at + (len(names) if cache.hwcaps else 0)
+            where = data_at + len(names)
             sections.append(_EXT_SECTION.pack(TAG_GENERATOR, 0, where, len(cache.generator)))
         ext = b"".join((b"\0" * (ext_at - base - len(strings)),
-                        _EXT_HEADER.pack(EXT_MAGIC, len(sections)), *sections,
-                        names if cache.hwcaps else b"", cache.generator or b""))  # fmt: skip
+                        _EXT_HEADER.pack(EXT_MAGIC, n_sections), *sections, names,
+                        cache.generator or b""))  # fmt: skip
     header = _NEW_HEADER.pack(NEW_MAGIC, count, len(strings), ENDIAN_LITTLE, ext_at)
     return b"".join((header, *packed, strings, ext))

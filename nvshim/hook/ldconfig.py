@@ -214,7 +214,7 @@ def unreachable(root: RootFS, folders: list[str]) -> list[str]:
     without a SONAME counts under its file name (ldconfig caches it so); a file that is
     not ELF does not count.
     """
-    return [lib.path for lib in _unreached(root, folders, image_cache(root)[0])]
+    return [lib.path for lib in _unreached(root, folders, image_cache(root))]
 
 
 @record(frozen=True)
@@ -237,20 +237,26 @@ class Unreached:
         return posixpath.join(self.folder, self.name)
 
 
-def image_cache(root: RootFS) -> tuple[LdCacheFile, str | None]:
-    """The container's ld.so.cache as read (none: no entries), and why it cannot be
-    added to (None when it can): not a regular file, too large, not a cache."""
+def image_cache(root: RootFS) -> LdCacheFile:
+    """The container's ld.so.cache as read (none: no entries), its ``problem`` why it
+    cannot be added to: not a regular file, too large, not a cache, not one to write
+    back as read."""
     try:
         data = root.read(CACHE, MAX_CACHE_BYTES)
     except (OSError, RootPathError) as err:
-        return LdCacheFile([]), f"{CACHE}: {getattr(err, 'strerror', None) or err}"
+        return LdCacheFile([], problem=f"{CACHE}: {_why(err)}")
     if not data:
-        return LdCacheFile([]), None
+        return LdCacheFile([])
     try:
         cache = read_ld_cache(data)
     except (LdCacheError, struct.error) as err:
-        return LdCacheFile([]), f"{CACHE}: {err}"
-    return cache, cache.problem and f"{CACHE}: {cache.problem}"
+        return LdCacheFile([], problem=f"{CACHE}: {err}")
+    return replace(cache, problem=f"{CACHE}: {cache.problem}") if cache.problem else cache
+
+
+def _why(err: Exception) -> object:
+    """An OSError's text without its errno (or the error itself)."""
+    return getattr(err, "strerror", None) or err
 
 
 def _unreached(root: RootFS, folders: list[str], cache: LdCacheFile) -> list[Unreached]:
@@ -386,7 +392,7 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
     folders = folder_paths(folders)
     started = time.perf_counter()
     loader = has_glibc_loader(root)
-    cache, problem = image_cache(root) if loader else (LdCacheFile([]), None)
+    cache = image_cache(root) if loader else LdCacheFile([])
     missing = _unreached(root, folders, cache) if loader else []
     fields: dict[str, object] = {
         "folders": ",".join(folders),
@@ -400,7 +406,7 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         return fields
     fields["unreachable"] = len(missing)
     started = time.perf_counter()
-    merged, declined = merged_cache(cache, problem, missing)
+    merged, declined = merged_cache(cache, missing)
     if merged is None:
         fields["merge"] = declined
         confs = refuse_special_confs(root)
@@ -424,20 +430,17 @@ def _write(root: RootFS, path: str, write: Callable[[], object]) -> None:
     try:
         write()
     except (OSError, RootPathError) as err:
-        detail = getattr(err, "strerror", None) or err
-        raise NvshimError(f"{path} in the container root: cannot write: {detail}") from None
+        raise NvshimError(f"{path} in the container root: cannot write: {_why(err)}") from None
 
 
-def merged_cache(
-    cache: LdCacheFile, problem: str | None, missing: list[Unreached]
-) -> tuple[bytes | None, str | None]:
+def merged_cache(cache: LdCacheFile, missing: list[Unreached]) -> tuple[bytes | None, str | None]:
     """(the image's cache with the entries ldconfig would add for ``missing``, None), or
     (None, why ldconfig must rebuild it instead): the cache cannot be read or written
-    back as read, a library's architecture or link is not the plain case (ldconfig
-    would make the link), two libraries share a SONAME or one is already cached under
-    it (ldconfig's rules choose between them)."""
-    if problem:
-        return None, problem
+    back as read (its ``problem``), a library's architecture or link is not the plain
+    case (ldconfig would make the link), two libraries share a SONAME or one is already
+    cached under it (ldconfig's rules choose between them)."""
+    if cache.problem:
+        return None, cache.problem
     added: dict[str, tuple[int, bytes, bytes, int, int]] = {}
     for lib in missing:
         if lib.flags is None:

@@ -12,7 +12,8 @@ and its workers' CPU is counted) and alone, in the client's process.
 
 ``--previous DIR`` adds a case: the nvshim package of another checkout (an earlier
 version) with its own launchers, served by its own daemon. Its ``createContainer`` hook,
-where it has one, runs under the container's init, so its CPU is not counted there.
+where it has one, runs under the container's init, so its CPU is not counted there. The
+two trees' batches are also paired round by round (this tree's wall over the previous').
 
 "bare runc, nvshim's edits" is runc creating bundles nvshim edited beforehand (not
 timed, no finishing steps): what the GPU's mounts cost runc itself in the burst.
@@ -21,8 +22,12 @@ timed, no finishing steps): what the GPU's mounts cost runc itself in the burst.
 ``state`` and ``delete``, one after the other through the runtime under test as an
 engine calls them, all N containers at once (CPU per container).
 
+Everything is made under ``--work-dir`` (by default ``/dev/shm``; a node keeps bundles
+and runc's state on a tmpfs but the containers' roots on its disk, where a write's fsync
+costs).
+
 Run as root: ``.venv/bin/python3 bench/concurrent_create.py [--containers N] [--rounds R]
-[--previous DIR] [--lifecycle]``.
+[--previous DIR] [--lifecycle] [--work-dir DIR]``.
 """
 
 from __future__ import annotations
@@ -146,8 +151,10 @@ def main() -> None:
     parser.add_argument("--previous", help="a checkout of an earlier nvshim")
     parser.add_argument("--lifecycle", action="store_true",
                         help="time each container's create, start, state and delete")  # fmt: skip
+    parser.add_argument("--work-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+                        help="where everything is made (default /dev/shm)")  # fmt: skip
     opts = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as w:
+    with tempfile.TemporaryDirectory(dir=opts.work_dir) as w:
         sim = build_host("single", os.path.join(w, "host"))
         golden = make_busybox_rootfs(os.path.join(w, "golden"))
         served, alone = installed(w, "served", REPO, sim), installed(w, "alone", REPO, sim)
@@ -182,6 +189,13 @@ def main() -> None:
             print(f"  {case:<30} all done in {wall:6.2f} s ({statistics.median(ratios):4.2f}x "
                   f"runc, 95%: {low:.2f} to {high:.2f}), CPU per container "
                   f"{cpu * 1000:6.1f} ms")  # fmt: skip
+        if opts.previous:  # the two trees' rounds paired: what changed, without runc's spread
+            ours = figures["nvshim-runtime + daemon, 1 GPU"]
+            theirs = figures["previous nvshim + daemon, 1 GPU"]
+            ratios = [a[0] / b[0] for a, b in zip(ours, theirs, strict=True)]
+            low, high = median_interval(ratios)
+            print(f"  this tree / previous, wall per round: {statistics.median(ratios):.2f}x "
+                  f"(95%: {low:.2f} to {high:.2f})")  # fmt: skip
         print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (one run, after the batches)")
 
 

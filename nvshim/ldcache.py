@@ -169,70 +169,64 @@ def _extensions(data: bytes, at: int) -> tuple[tuple[bytes, ...], bytes | None]:
     return hwcaps, generator
 
 
-def libcmp(a: bytes, b: bytes) -> int:
-    """glibc's ``_dl_cache_libcmp``: below, at or above zero as ``a`` sorts before, with
-    or after ``b`` (digit runs compared as numbers, and above any other byte). Raises
+def order_key(name: bytes) -> tuple[tuple[int, int], ...]:
+    """``name`` as glibc's ``_dl_cache_libcmp`` reads it, token by token: a byte as
+    (0, byte), a digit run as (1, its number). Tuples of these compare as glibc compares
+    the names (a number above any byte, a name above its own prefix). Raises
     LdCacheError where this cannot reproduce it: a byte over 0x7f (C's ``char`` is
-    signed on some architectures) or a digit run over 9 digits (its C int overflows)."""
-    if not (a.isascii() and b.isascii()):
-        raise LdCacheError(f"{(a if not a.isascii() else b)!r}: a byte over 0x7f")
-    la, lb = len(a), len(b)
-    lo, hi = 0, min(la, lb)  # the common prefix, found by slices (not byte by byte)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    while lo and 48 <= a[lo - 1] <= 57:  # from the start of a digit run it ends in
-        lo -= 1
-    i = j = lo
-    while i < la:
-        ca = a[i]
-        cb = b[j] if j < lb else 0
-        if 48 <= ca <= 57:
-            if not 48 <= cb <= 57:
-                return 1
-            i0, j0 = i, j
-            while i < la and 48 <= a[i] <= 57:
-                i += 1
-            while j < lb and 48 <= b[j] <= 57:
+    signed on some architectures) or a digit run over 9 digits (its C int overflows).
+    Kept per name: a worker of nvshim-runtimed adds the same driver libraries create
+    after create."""
+    key = _KEYS.get(name)
+    if key is not None:
+        return key
+    if not name.isascii():
+        raise LdCacheError(f"{name!r}: a byte over 0x7f")
+    tokens = []
+    i, n = 0, len(name)
+    while i < n:
+        c = name[i]
+        if 48 <= c <= 57:
+            j = i + 1
+            while j < n and 48 <= name[j] <= 57:
                 j += 1
-            if i - i0 > 9 or j - j0 > 9:
-                raise LdCacheError(f"{(a if i - i0 > 9 else b)!r}: a digit run over 9 digits")
-            diff = int(a[i0:i]) - int(b[j0:j])
-            if diff:
-                return diff
-        elif 48 <= cb <= 57:
-            return -1
-        elif ca != cb:
-            return ca - cb
+            if j - i > 9:
+                raise LdCacheError(f"{name!r}: a digit run over 9 digits")
+            tokens.append((1, int(name[i:j])))
+            i = j
         else:
+            tokens.append((0, c))
             i += 1
-            j += 1
-    return -(b[j] if j < lb else 0)
+    if len(_KEYS) >= _KEYS_KEPT:  # the images' own names come and go
+        _KEYS.clear()
+    key = _KEYS[name] = tuple(tokens)
+    return key
+
+
+_KEYS: dict[bytes, tuple[tuple[int, int], ...]] = {}
+_KEYS_KEPT = 4096
 
 
 def with_entries(cache: LdCacheFile, added: list[RawEntry]) -> LdCacheFile:
     """``cache`` with ``added`` inserted where ldconfig's ``add_to_cache`` puts them
     (before the first entry whose key sorts below theirs). Raises LdCacheError when the
     cache cannot be written back as read, or when a key's order is not reproducible
-    (``libcmp``) or equals one already there: ldconfig's own rules decide between two
+    (``order_key``) or equals one already there: ldconfig's own rules decide between two
     libraries of one name."""
     if cache.problem:
         raise LdCacheError(cache.problem)
     entries = list(cache.entries)
     for entry in added:
-        key = entry[1]
+        key = order_key(entry[1])
         lo, hi = 0, len(entries)
         while lo < hi:  # entries descend: find the first one below key
             mid = (lo + hi) // 2
-            if libcmp(key, entries[mid][1]) > 0:
+            if key > order_key(entries[mid][1]):
                 hi = mid
             else:
                 lo = mid + 1
-        if lo and libcmp(key, entries[lo - 1][1]) == 0:
-            raise LdCacheError(f"{key!r}: the cache has an entry of that name")
+        if lo and key == order_key(entries[lo - 1][1]):
+            raise LdCacheError(f"{entry[1]!r}: the cache has an entry of that name")
         entries.insert(lo, entry)
     return LdCacheFile(entries, cache.hwcaps, cache.generator)
 

@@ -17,8 +17,14 @@ class Last:
 
     def get(self, key: tuple):
         """The value kept for ``key``, else None. Keys compare with ``==``, a tuple's items
-        by identity first: the same object is found without comparing its contents."""
-        return self._value if self._key is not None and self._key == key else None
+        by identity first: the same object is found without comparing its contents. A key
+        equal to the kept one but not the same objects takes its place, so that the next
+        call with these objects is found by identity (a host parsed again compares equal
+        to the one first kept, field by field)."""
+        if self._key is None or self._key != key:
+            return None
+        self._key = key
+        return self._value
 
     def keep(self, key: tuple, value):
         """Keep ``value`` (not None) for ``key``, in place of the last; returns it."""

@@ -37,6 +37,7 @@ from nvshim.hookentries import hook_entry
 from nvshim.rootfs import kernel
 from nvshim.rootfs.fsroot import RootFS
 from tests.runc_util import build_stub_library, in_private_mount_ns
+from tests.sim.compile import stubs as sim_stubs
 
 GOOD_STATE = {"ociVersion": "1.0.2", "id": "c1", "pid": 42, "bundle": "/b", "status": "created"}
 
@@ -138,7 +139,9 @@ def test_elf_inspection(tmp_path):
     wide[54:56] = (0xFFFF).to_bytes(2, "little")  # e_phentsize: 512 of them would be 32 MiB
     (tmp_path / "libwide.so.1").write_bytes(bytes(wide))  # refused, not read
     wide_path = tmp_path / "libwide.so.1"
+    lib32 = sim_stubs([("libcuda.so.1", 32)])[("libcuda.so.1", 32)]  # no flags: ldconfig's
     for path, found in ((lib, ("libx.so.1", 0x303)), (bare, (None, 0x303)),
+                        (lib32, ("libcuda.so.1", None)),
                         (str(text), (None, None)), (wide_path, (None, None))):  # fmt: skip
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -25,6 +25,7 @@ from nvshim.hook.ldconfig import CACHE, open_host_ldconfig, update_ldcache
 from nvshim.ldcache import LdCacheError, LdCacheFile, parse_ld_cache, read_ld_cache, with_entries
 from nvshim.rootfs.fsroot import RootFS
 from tests.runc_util import build_stub_library, in_private_mount_ns
+from tests.sim.compile import stubs as sim_stubs
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 NV = "/usr/local/nvidia/lib64"  # a folder outside the loader's default search path
@@ -194,6 +195,68 @@ def test_an_image_without_a_cache_gets_ldconfigs_entries_for_the_folder(tmp_path
     host_ldconfig(b, LIB)
     in_folder = [row for row in listing(b) if os.path.dirname(row[2]) == LIB.lstrip("/")]
     assert listing(a) == in_folder
+
+
+def test_files_a_crash_left_empty_are_made_again_at_the_next_create(tmp_path, stubs):
+    """The step does not fsync what it writes in a container's root: a node crash may
+    leave the cache or the drop-in empty. The container's next create finds them so
+    and makes them again; one that finds them as written changes nothing."""
+    image = make_image(tmp_path / "image", stubs, hwcaps=False)
+    inject(image, NV, stubs)
+    a, b = copies(image, tmp_path)
+    assert step(a, NV)["writer"] == "nvshim"
+    host_ldconfig(b, NV)
+    cache, drop_in = (os.path.join(a, p) for p in ("etc/ld.so.cache",
+                                                   "etc/ld.so.conf.d/00-nvshim.conf"))  # fmt: skip
+    written = open(drop_in).read()
+    assert step(a, NV)["ldcache"] == "skipped-reachable"  # a restart
+    assert open(drop_in).read() == written
+
+    os.truncate(drop_in, 0)  # the cache survived, the drop-in did not
+    assert step(a, NV)["ldcache"] == "skipped-reachable"
+    assert open(drop_in).read() == written
+
+    for path in (cache, drop_in):
+        os.truncate(path, 0)
+    fields = step(a, NV)
+    assert fields["writer"] == "ldconfig" and "merge" in fields, fields  # no cache to add to
+    assert open(drop_in).read() == written
+    assert listing(a) == listing(b)
+
+
+def test_32_bit_driver_libraries_are_cached_as_ldconfig_caches_them(tmp_path, stubs):
+    """compat32: 32-bit driver libraries in their own folder beside the 64-bit ones. The
+    step counts them (no cache entry leads to them) and leaves their entries to the host
+    ldconfig (their flags come from what they link): the cache lists what the host
+    ldconfig's lists, 32-bit entries included, and a restart finds them cached."""
+    lib32 = "/usr/lib/i386-linux-gnu"
+    built = sim_stubs([("libcuda.so.1", 32), ("libnvidia-ml.so.1", 32)])
+    assert len(built) == 2, "gcc -m32 could not build the 32-bit stubs"
+    image = make_image(tmp_path / "image", stubs, hwcaps=False)
+    inject(image, LIB, stubs)
+    for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        name = soname.replace(".so.1", f".so.{VERSION}")
+        _put(image, lib32, {name: built[(soname, 32)]}, name, [(soname, name)])
+    a, b = copies(image, tmp_path)
+
+    def work(root):
+        fd = open_host_ldconfig()
+        try:
+            with RootFS(str(root)) as fs:
+                return update_ldcache(fs, [LIB, lib32], fd)
+        finally:
+            os.close(fd)
+
+    fields = in_private_mount_ns(lambda: work(a))["ok"]
+    with open(os.path.join(b, "etc/ld.so.conf.d/00-nvshim.conf"), "w") as fh:
+        fh.write(f"# injected\n{LIB}\n{lib32}\n")
+    subprocess.run(["ldconfig", "-r", str(b), LIB, lib32], check=True)
+    assert fields["unreachable"] == 7, fields
+    assert fields["writer"] == "ldconfig" and "architecture" in fields["merge"], fields
+    assert listing(a) == listing(b)
+    assert [row for row in listing(a) if row[2].startswith(lib32[1:])], listing(a)
+    again = in_private_mount_ns(lambda: work(a))["ok"]  # the container started again
+    assert again["ldcache"] == "skipped-reachable", again
 
 
 DL_PROGRAM = r"""

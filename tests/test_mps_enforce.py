@@ -306,6 +306,28 @@ def test_a_process_makes_a_hosts_common_edits_once_and_never_shares_them(shared_
     assert made[1:] == [(("utility",), made[0][1])]
 
 
+def test_a_host_parsed_again_is_compared_field_by_field_once(shared_host, monkeypatch):
+    """A worker parses the inventory again (another Host object, equal to the first):
+    its common edits are those already made, after one comparison of the two hosts; the
+    selections after it find the new object by identity, with no comparison at all."""
+    from nvshim.host import edits as host_edits
+    from nvshim.host.model import Host
+
+    made, compared = [], []
+    real_edits, real_eq = host_edits.common_edits, Host.__eq__
+    monkeypatch.setattr(host_edits, "common_edits", lambda *a: made.append(a) or real_edits(*a))
+    monkeypatch.setattr(Host, "__eq__", lambda a, b: compared.append(1) or real_eq(a, b))
+    monkeypatch.setattr(select_module, "_common", Last())
+    cfg = load_config(shared_host.config("ts"))
+    request = request_from_spec({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}}, cfg.policy)
+    first = select(request, shared_host.host, cfg).edits
+    again = Host.from_dict(shared_host.host.to_dict())
+    assert again is not shared_host.host
+    for _ in range(3):
+        assert select(request, again, cfg).edits == first
+    assert len(made) == 1 and len(compared) == 1
+
+
 def test_mps_device_cannot_be_combined_with_a_non_shared_one(shared_host):
     with pytest.raises(NvshimError) as info:
         _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "1,6:1"})

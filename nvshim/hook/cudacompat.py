@@ -270,20 +270,12 @@ def enable_cuda_compat(
             _remove(root, CONF_FILE)
             return {"cuda_compat": "not-used"}
         text = f"{found.folder}\n".encode()
-        if not _holds(root, CONF_FILE, text):  # a restart finds it written: no fsync again
+        if not root.holds(CONF_FILE, text):  # a restart finds it written
             root.write_file(CONF_FILE, text, mode=0o644)
     except (OSError, RootPathError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise NvshimError(f"{CONF_FILE} in the container root: {reason}") from None
     return {"cuda_compat": found.version, "cuda_compat_folder": found.folder}
-
-
-def _holds(root: RootFS, path: str, text: bytes) -> bool:
-    """True when regular file ``path`` holds ``text`` with mode 0644."""
-    try:
-        return root.read(path, len(text)) == text and stat.S_IMODE(root.stat(path).st_mode) == 0o644
-    except (OSError, RootPathError):
-        return False
 
 
 def _remove(root: RootFS, path: str) -> None:

@@ -97,63 +97,89 @@ DT_STRTAB = 5
 # e_machine of a 64-bit library -> the flags ldconfig caches it with (FLAG_ELF_LIBC6 and
 # the architecture's: "64-bit libraries are always libc.so.6+")
 LIB64_FLAGS = {62: 0x0303, 183: 0x0A03, 21: 0x0503}  # x86-64, aarch64, ppc64
+# e_machine of the 32-bit libraries ldconfig caches on those hosts (i386, x32, arm): this
+# step counts them but leaves their entries (flags read from DT_NEEDED) to ldconfig
+LIB32_MACHINES = frozenset((3, 62, 40))
 
 
-ElfHeaders = tuple[str, list[tuple[int, int, int, int, int]], int]
+# (endianness, [(p_type, p_offset, p_vaddr, p_filesz, 0)], e_machine, 64-bit)
+ElfHeaders = tuple[str, list[tuple[int, int, int, int, int]], int, bool]
 
 
 def _elf_headers(fd: int) -> ElfHeaders | None:
-    """(endianness, [(p_type, p_offset, p_vaddr, p_filesz, ...)], e_machine) of a 64-bit
-    ELF file."""
+    """(endianness, [(p_type, p_offset, p_vaddr, p_filesz, 0)], e_machine, 64-bit) of a
+    32- or 64-bit ELF file."""
     head = os.pread(fd, 64, 0)
-    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] not in (1, 2):
+    if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
         return None
+    wide = head[4] == 2
     end = "<" if head[5] == 1 else ">"
-    (phoff,) = struct.unpack_from(end + "Q", head, 32)
-    phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
-    if phentsize != 56 or phnum > 512:  # an Elf64_Phdr: at most 28 KiB read
+    if wide:
+        if len(head) < 64:
+            return None
+        (phoff,) = struct.unpack_from(end + "Q", head, 32)
+        phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+    else:
+        (phoff,) = struct.unpack_from(end + "I", head, 28)
+        phentsize, phnum = struct.unpack_from(end + "HH", head, 42)
+    if phentsize != (56 if wide else 32) or phnum > 512:  # an Elf_Phdr: at most 28 KiB read
         return None
     table = os.pread(fd, phentsize * phnum, phoff)
     (machine,) = struct.unpack_from(end + "H", head, 18)
     headers = []
     for i in range(len(table) // phentsize):
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
-            end + "IIQQQQ", table, i * phentsize
-        )
+        if wide:
+            p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+                end + "IIQQQQ", table, i * phentsize
+            )
+        else:
+            p_type, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+                end + "IIIII", table, i * phentsize
+            )
         headers.append((p_type, p_offset, p_vaddr, p_filesz, 0))
-    return end, headers, machine
+    return end, headers, machine, wide
 
 
 def is_static_elf(fd: int) -> bool:
     """True for a 64-bit ELF file without a PT_INTERP header (no dynamic loader)."""
     parsed = _elf_headers(fd)
-    return parsed is not None and all(h[0] != PT_INTERP for h in parsed[1])
+    return parsed is not None and parsed[3] and all(h[0] != PT_INTERP for h in parsed[1])
 
 
 def elf_soname(fd: int) -> str | None:
-    """DT_SONAME of a 64-bit ELF shared object, None if it has none or is not ELF."""
+    """DT_SONAME of a 32- or 64-bit ELF shared object, None if it has none or is not ELF."""
     return elf_library(fd)[0]
 
 
 def elf_library(fd: int) -> tuple[str | None, int | None]:
-    """(DT_SONAME, the ld.so.cache flags ldconfig gives it) of a 64-bit ELF shared
-    object: no SONAME if it has none or is not ELF; no flags for an architecture
+    """(DT_SONAME, the ld.so.cache flags ldconfig gives it) of an ELF shared object: no
+    SONAME if it has none or is not ELF; no flags for a 32-bit one or an architecture
     ``LIB64_FLAGS`` does not name."""
+    return _elf_library(fd)[:2]
+
+
+def _elf_library(fd: int) -> tuple[str | None, int | None, bool]:
+    """``elf_library``, and whether ldconfig would cache the file: a 64-bit ELF file with
+    flags or a SONAME, a 32-bit one of ``LIB32_MACHINES`` or with a SONAME."""
     parsed = _elf_headers(fd)
     if parsed is None:
-        return None, None
-    return _soname(fd, parsed), LIB64_FLAGS.get(parsed[2])
+        return None, None, False
+    soname, machine, wide = _soname(fd, parsed), parsed[2], parsed[3]
+    flags = LIB64_FLAGS.get(machine) if wide else None
+    cached = soname is not None or (flags is not None if wide else machine in LIB32_MACHINES)
+    return soname, flags, cached
 
 
 def _soname(fd: int, parsed: ElfHeaders) -> str | None:
-    end, headers, _machine = parsed
+    end, headers, _machine, wide = parsed
     dyn = next((h for h in headers if h[0] == PT_DYNAMIC), None)
     if dyn is None or dyn[3] > 1 << 20:
         return None
     data = os.pread(fd, dyn[3], dyn[1])
     soname = strtab = None
-    for i in range(len(data) // 16):
-        tag, value = struct.unpack_from(end + "qQ", data, i * 16)
+    size, entry = (16, end + "qQ") if wide else (8, end + "iI")
+    for i in range(len(data) // size):
+        tag, value = struct.unpack_from(entry, data, i * size)
         if tag == 0:
             break
         if tag == DT_SONAME:
@@ -239,14 +265,16 @@ class Unreached:
 
 def image_cache(root: RootFS) -> LdCacheFile:
     """The container's ld.so.cache as read (none: no entries), its ``problem`` why it
-    cannot be added to: not a regular file, too large, not a cache, not one to write
-    back as read."""
+    cannot be added to: not a regular file, too large, empty, not a cache, not one to
+    write back as read."""
     try:
         data = root.read(CACHE, MAX_CACHE_BYTES)
     except (OSError, RootPathError) as err:
         return LdCacheFile([], problem=f"{CACHE}: {_why(err)}")
-    if not data:
+    if data is None:
         return LdCacheFile([])
+    if not data:  # what a crash may leave (not fsynced): the entries it had are unknown
+        return LdCacheFile([], problem=f"{CACHE}: empty")
     try:
         cache = read_ld_cache(data)
     except (LdCacheError, struct.error) as err:
@@ -317,8 +345,8 @@ def _unreached_in(dfd: int, folder: str, cached: set[str]) -> list[Unreached]:
             dev.append(name)
         if not regular:
             continue
-        soname, flags = _library_at(dfd, name)
-        if flags is not None or soname:  # a 64-bit ELF file
+        soname, flags, cached = _library_at(dfd, name)
+        if cached:  # ldconfig would cache it
             soname = soname or name
             linked = "/" not in soname and _chase(dfd, folder, soname) == name
             found[name] = Unreached(folder, name, soname, flags, linked)
@@ -352,20 +380,45 @@ def _chase(dfd: int, folder: str, name: str) -> str | None:
     return None
 
 
-def _library_at(dfd: int, name: str) -> tuple[str | None, int | None]:
-    """``elf_library`` of the file ``name`` in ``dfd`` (nothing for what cannot be read)."""
+def _library_at(dfd: int, name: str) -> tuple[str | None, int | None, bool]:
+    """``_elf_library`` of the file ``name`` in ``dfd`` (nothing for what cannot be read).
+
+    Kept per file identity (device, inode, size, mtime, ctime) in ``_LIBRARIES``: a
+    worker of nvshim-runtimed sees the same bind-mounted driver libraries create after
+    create, and looks each up with one ``lstat``. What is kept was read through the fd
+    whose identity it is kept under."""
+    try:
+        known = _LIBRARIES.get(_identity(os.stat(name, dir_fd=dfd, follow_symlinks=False)))
+    except OSError:
+        return None, None, False
+    if known is not None:
+        return known
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:
-        return None, None
+        return None, None, False
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the listing
-            return None, None
-        return elf_library(fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped since the listing
+            return None, None, False
+        found = _elf_library(fd)
     except (OSError, struct.error):
-        return None, None
+        return None, None, False
     finally:
         os.close(fd)
+    if len(_LIBRARIES) >= _LIBRARIES_KEPT:  # the image's own libraries come and go
+        _LIBRARIES.clear()
+    _LIBRARIES[_identity(st)] = found
+    return found
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+# what _library_at read, by file identity (a long-lived worker's; a hook reads each once)
+_LIBRARIES: dict[tuple[int, ...], tuple[str | None, int | None, bool]] = {}
+_LIBRARIES_KEPT = 512
 
 
 def has_glibc_loader(root: RootFS) -> bool:
@@ -401,7 +454,11 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
     if not loader:
         fields["ldcache"] = "skipped-no-glibc-loader"
         return fields
+    drop_in = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
+    drop_in_bytes = (drop_in + "\n").encode()
     if not missing:
+        if _written_before(root) and not root.holds(CONF_FILE, drop_in_bytes):
+            _write(root, CONF_FILE, lambda: root.write_file(CONF_FILE, drop_in_bytes))
         fields["ldcache"] = "skipped-reachable"
         return fields
     fields["unreachable"] = len(missing)
@@ -412,8 +469,7 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
         confs = refuse_special_confs(root)
         refuse_special_caches(root)
         refuse_special_libraries(root, [*folders, *conf_dirs(root, confs), *TRUSTED_DIRS])
-    drop_in = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
-    _write(root, CONF_FILE, lambda: root.write_file(CONF_FILE, (drop_in + "\n").encode()))
+    _write(root, CONF_FILE, lambda: root.write_file(CONF_FILE, drop_in_bytes))
     _write(root, CONF, lambda: root.create_exclusive(CONF, b"include /etc/ld.so.conf.d/*.conf\n"))
     if merged is not None:
         _write(root, CACHE, lambda: root.write_file(CACHE, merged))
@@ -423,6 +479,17 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
     fields["writer"] = "ldconfig" if merged is None else "nvshim"
     fields["ldcache"] = "updated"
     return fields
+
+
+def _written_before(root: RootFS) -> bool:
+    """Whether an earlier create of this container wrote the drop-in (a restart): then
+    it must still say what it said, though a crash since may have left it empty (the
+    writes are not fsynced)."""
+    try:
+        root.stat(CONF_FILE)
+    except (OSError, RootPathError):
+        return False
+    return True
 
 
 def _write(root: RootFS, path: str, write: Callable[[], object]) -> None:

@@ -36,7 +36,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -47,17 +46,19 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.creates import RUNC, daemon_cpu, edited_bundle, installed, running_daemon  # noqa: E402
+from bench.creates import (  # noqa: E402
+    RUNC,
+    children_cpu,
+    daemon_cpu,
+    edited_bundle,
+    installed,
+    running_daemon,
+)
 from bench.paired import median_interval  # noqa: E402
 from nvshim.launch import real_interpreter  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.runc_util import make_bundle  # noqa: E402
 from tests.sim.simhost import build_host  # noqa: E402
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _create(runtime: str, state: str, bundle: str, cid: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,12 @@ def running_daemon(bin_dir: str, env: dict[str, str], prefix: tuple[str, ...] = 
             reasons[why] = reasons.get(why, 0) + 1
         for why, count in sorted(reasons.items(), key=lambda item: -item[1]):
             print(f"  declined {count}: {why}", file=sys.stderr)
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children (the runtimes it ran)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def daemon_cpu(pid: int) -> float:

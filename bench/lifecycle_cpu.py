@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -29,7 +28,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.creates import RUNC, daemon_cpu, edited_bundle, installed  # noqa: E402
+from bench.creates import RUNC, children_cpu, daemon_cpu, edited_bundle, installed  # noqa: E402
 from bench.paired import median_interval  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
 from tests.runc_util import make_bundle, start_daemon  # noqa: E402
@@ -37,11 +36,6 @@ from tests.sim.simhost import build_host  # noqa: E402
 
 CALLS = ("create", "start", "state", "delete")
 CASES = ("bare runc, no GPU", "bare runc, nvshim's edits", "nvshim served, 1 GPU")
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:

@@ -413,6 +413,8 @@ def _library_at(dfd: int, name: str) -> tuple[str | None, int | None, bool]:
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """A file's identity for what this process keeps of it: device, inode, size, mtime,
+    ctime (a change to its content moves the last)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -457,7 +459,7 @@ def update_ldcache(root: RootFS, folders: list[str], ldconfig_fd: int) -> dict[s
     drop_in = "# nvshim-hook update-ldcache: injected driver libraries\n" + "\n".join(folders)
     drop_in_bytes = (drop_in + "\n").encode()
     if not missing:
-        if _written_before(root) and not root.holds(CONF_FILE, drop_in_bytes):
+        if not root.holds(CONF_FILE, drop_in_bytes) and _written_before(root):
             _write(root, CONF_FILE, lambda: root.write_file(CONF_FILE, drop_in_bytes))
         fields["ldcache"] = "skipped-reachable"
         return fields
@@ -814,7 +816,7 @@ def ldconfig_copy(ldconfig_fd: int) -> int:
     it so (5.12+); reachable only through this process's fd."""
     global _copy
     st = os.fstat(ldconfig_fd)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    key = _identity(st)
     if _copy is not None and _copy[0] == key:
         return _copy[1]
     tmpfs = kernel.private_tmpfs(f"{(st.st_size >> 10) + 64}k")

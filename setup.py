@@ -15,7 +15,7 @@ setup(
         # the unit the node installer writes (one file: packaging/systemd)
         "nvshim.node": ["nvshim-runtimed.service"],
         # the compiled front's source (its builds are named by its digest: frontbin.py)
-        "nvshim.runtime": ["front.c"],
+        "nvshim.runtime": ["front.c", "frontrt.c"],
     },
     install_requires=[
         "nvidia-ml-py>=12.535",

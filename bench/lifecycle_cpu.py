@@ -12,7 +12,11 @@ and the daemon's share (the parent and its workers, from ``/proc`` ticks: a tick
 call's CPU over runc's on the edited bundle, paired round by round (median and 95%
 interval); the daemon's is its mean per call.
 
-Run as root: ``.venv/bin/python3 bench/lifecycle_cpu.py [--rounds N]``.
+With ``--previous DIR`` (a tree holding an earlier ``nvshim`` package, e.g. from ``git
+archive`` with its compiled front built in it), that tree served by its own daemon is a
+fourth case, paired with this one call by call.
+
+Run as root: ``.venv/bin/python3 bench/lifecycle_cpu.py [--rounds N] [--previous DIR]``.
 """
 
 from __future__ import annotations
@@ -41,24 +45,33 @@ CASES = ("bare runc, no GPU", "bare runc, nvshim's edits", "nvshim served, 1 GPU
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--previous", help="a tree holding an earlier nvshim package")
     opts = parser.parse_args()
+    cases = [*CASES, *(["previous served, 1 GPU"] if opts.previous else [])]
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as w:
         sim = build_host("single", os.path.join(w, "host"))
         golden = make_busybox_rootfs(os.path.join(w, "golden"))
-        runtime, env = installed(w, "served", REPO, sim)
-        daemon = start_daemon(os.path.dirname(runtime), env, os.path.join(w, "daemon.err"))
+        trees = {2: installed(w, "served", REPO, sim)}
+        if opts.previous:
+            trees[3] = installed(w, "previous", os.path.abspath(opts.previous), sim)
+        env = trees[2][1]
+        daemons = {k: start_daemon(os.path.dirname(runtime), tree_env,
+                                   os.path.join(w, f"daemon-{k}.err"))
+                   for k, (runtime, tree_env) in trees.items()}  # fmt: skip
         state = os.path.join(w, "state")
         own: dict[tuple[str, str], list[float]] = {}
         share: dict[tuple[str, str], list[float]] = {}
         try:
             for n in range(opts.rounds + 1):  # the first round warms the caches
-                for k, case in enumerate(CASES):
+                for k, case in enumerate(cases):
                     cid = f"c{n}-{k}"
                     rootfs = shutil.copytree(golden, os.path.join(w, cid), symlinks=True)
                     gpu = {} if k == 0 else {"NVIDIA_VISIBLE_DEVICES": "0"}
                     bundle = make_bundle(w, rootfs, ["/bin/true"], env=gpu, name=f"b-{cid}")
                     if k == 1:
                         edited_bundle(bundle, cid, env)
+                    runtime, call_env = trees.get(k, (RUNC, env))
+                    daemon = daemons.get(k, daemons[2])
                     argvs = {
                         "create": ["create", "--pid-file", f"{bundle}/pid", "--bundle", bundle,
                                    cid],
@@ -68,33 +81,43 @@ def main() -> None:
                     }  # fmt: skip
                     for call in CALLS:
                         before = children_cpu(), daemon_cpu(daemon.pid)
-                        subprocess.run([runtime if k == 2 else RUNC, "--root", state,
-                                        *argvs[call]], env=env, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, check=True)  # fmt: skip
+                        subprocess.run([runtime, "--root", state, *argvs[call]], env=call_env,
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       check=True)  # fmt: skip
                         after = children_cpu(), daemon_cpu(daemon.pid)
                         if n:
                             own.setdefault((case, call), []).append(after[0] - before[0])
                             share.setdefault((case, call), []).append(after[1] - before[1])
                     shutil.rmtree(rootfs)
         finally:
-            daemon.terminate()
-            daemon.wait()
+            for daemon in daemons.values():
+                daemon.terminate()
+                daemon.wait()
     print(f"CPU per call, {opts.rounds} rounds of one lifecycle per case (ms):")
-    print(f"  {'call':<8}" + "".join(f"{case:>28}" for case in CASES) + "  daemon (mean)")
+    print(f"  {'call':<8}" + "".join(f"{case:>28}" for case in cases) + "  daemon (mean)")
     for call in CALLS:
-        row = "".join(f"{statistics.median(own[(c, call)]) * 1000:28.2f}" for c in CASES)
+        row = "".join(f"{statistics.median(own[(c, call)]) * 1000:28.2f}" for c in cases)
         served = statistics.mean(share[(CASES[2], call)]) * 1000
         print(f"  {call:<8}{row}  {served:6.2f}")
-    print("the front (nvshim served over runc on the edited bundle, paired; the daemon apart):")
-    total = 0.0
-    for call in CALLS:
-        diffs = [(a - b) * 1000 for a, b in zip(own[(CASES[2], call)], own[(CASES[1], call)],
-                                                 strict=True)]  # fmt: skip
-        low, high = median_interval(diffs)
-        total += statistics.median(diffs)
-        print(f"  {call:<8} {statistics.median(diffs):+5.2f} ms (95%: {low:+.2f} to {high:+.2f})")
-    daemon_total = sum(statistics.mean(share[(CASES[2], c)]) * 1000 for c in CALLS)
-    print(f"per lifecycle: the fronts {total:+.2f} ms, the daemon {daemon_total:.2f} ms")
+
+    def fronts(label: str, ours: str, base: str) -> None:
+        print(f"{label} (paired; the daemon apart):")
+        total = 0.0
+        for call in CALLS:
+            diffs = [(a - b) * 1000 for a, b in zip(own[(ours, call)], own[(base, call)],
+                                                     strict=True)]  # fmt: skip
+            low, high = median_interval(diffs)
+            total += statistics.median(diffs)
+            print(f"  {call:<8} {statistics.median(diffs):+5.2f} ms "
+                  f"(95%: {low:+.2f} to {high:+.2f})")  # fmt: skip
+        print(f"  per lifecycle {total:+.2f} ms")
+
+    fronts("the front: nvshim served over runc on the edited bundle", CASES[2], CASES[1])
+    if opts.previous:
+        fronts("this tree over the previous one, served", CASES[2], cases[3])
+    for k in daemons:
+        mean = sum(statistics.mean(share[(cases[k], c)]) * 1000 for c in CALLS)
+        print(f"the daemon of {cases[k]}: {mean:.2f} ms per lifecycle")
 
 
 if __name__ == "__main__":

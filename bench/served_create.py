@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """A 1-GPU create served by nvshim-runtimed (through a slot) and a pass-through ``list``,
-paired round by round with bare runc (no GPU) and, with ``--previous DIR``, with the
+paired round by round with bare runc (no GPU), with bare runc creating the bundle nvshim
+edited beforehand (runc's own work for the GPU's mounts and devices, which any injecting
+runtime adds: the rest is nvshim's own) and, with ``--previous DIR``, with the
 nvshim of another checkout served by its own daemon: what a change to the served path
 costs, measured in one run (the shared VMs drift too much between runs).
 
@@ -36,7 +38,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.creates import RUNC, installed, running_daemon  # noqa: E402
+from bench.creates import RUNC, edited_bundle, installed, running_daemon  # noqa: E402
 from bench.paired import median_interval  # noqa: E402
 from nvshim.launch import real_interpreter  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
@@ -65,32 +67,51 @@ def main() -> None:
             ours["previous"] = installed(w, "previous", os.path.abspath(opts.previous), sim)
         state = os.path.join(w, "state")
 
-        def create(runtime: str, env: dict[str, str], cid: str, gpu: bool = True) -> float:
-            request = {"NVIDIA_VISIBLE_DEVICES": "0"} if gpu else {}
+        env = next(iter(ours.values()))[1]
+        creates = {
+            "runc, no GPU": (RUNC, env, False, False),
+            "runc, edited": (RUNC, env, True, True),
+        }
+        creates.update(
+            (name, (runtime, case_env, True, False)) for name, (runtime, case_env) in ours.items()
+        )
+
+        def prepared(cid: str, gpu: bool, edit: bool) -> str:
+            """A bundle for ``cid``, made before any create of the round is timed."""
             rootfs = golden
             if not opts.shared_root:  # a new container's own root, as a pod's
                 rootfs = shutil.copytree(golden, os.path.join(w, f"rootfs-{cid}"), symlinks=True)
+            request = {"NVIDIA_VISIBLE_DEVICES": "0"} if gpu else {}
             bundle = make_bundle(w, rootfs, ["/bin/true"], env=request, name=cid)
-            took = timed([runtime, "--root", state, "create", "--pid-file", f"{bundle}/pid",
-                          "--bundle", bundle, cid], env)  # fmt: skip
-            subprocess.run([RUNC, "--root", state, "delete", "--force", cid], check=True)
-            shutil.rmtree(bundle)
-            if rootfs != golden:
-                shutil.rmtree(rootfs)
-            return took
+            if edit:  # nvshim's edits made beforehand, not timed: runc's own work for them
+                edited_bundle(bundle, cid, env)
+            return bundle
 
-        env = next(iter(ours.values()))[1]
+        def removed(bundle: str, cid: str) -> None:
+            subprocess.run([RUNC, "--root", state, "delete", "--force", cid], check=True)
+            if not opts.shared_root:
+                shutil.rmtree(os.path.join(w, f"rootfs-{cid}"))
+            shutil.rmtree(bundle)
+
         figures: dict[str, list[float]] = {}
         with contextlib.ExitStack() as stack:
             for runtime, case_env in ours.values():
                 stack.enter_context(running_daemon(os.path.dirname(runtime), case_env))
             for i in range(opts.rounds + 1):  # the first round warms the caches
-                row = {"create: runc, no GPU": create(RUNC, env, f"r{i}", gpu=False),
-                       "list: runc": timed([RUNC, "--root", state, "list"], env)}  # fmt: skip
-                order = list(ours.items())  # the trees take turns going first
-                for name, (runtime, case_env) in order[::-1] if i % 2 else order:
-                    row[f"create: {name}"] = create(runtime, case_env, f"{name[0]}{i}")
+                names = list(creates)
+                names = names[i % len(names) :] + names[: i % len(names)]  # each goes first in turn
+                bundles = {n: prepared(f"c{k}-{i}", *creates[n][2:]) for k, n in enumerate(names)}
+                row = {}
+                for k, name in enumerate(names):
+                    runtime, case_env, _, _ = creates[name]
+                    bundle = bundles[name]
+                    row[f"create: {name}"] = timed([runtime, "--root", state, "create",
+                                                    "--pid-file", f"{bundle}/pid", "--bundle",
+                                                    bundle, f"c{k}-{i}"], case_env)  # fmt: skip
+                for name, (runtime, case_env) in [("runc", (RUNC, env)), *ours.items()]:
                     row[f"list: {name}"] = timed([runtime, "--root", state, "list"], case_env)
+                for k, name in enumerate(names):
+                    removed(bundles[name], f"c{k}-{i}")
                 for case, value in row.items():
                     if i:
                         figures.setdefault(case, []).append(value)
@@ -99,6 +120,16 @@ def main() -> None:
         )
     bare_create, bare_list = figures["create: runc, no GPU"], figures["list: runc"]
     print(f"{opts.rounds} paired rounds on {os.cpu_count()} cores (ms, medians):")
+
+    def paired(label: str, ms: list[float], base: list[float]) -> None:
+        diff = [a - b for a, b in zip(ms, base, strict=True)]
+        mid, (low, high) = statistics.median(diff), median_interval(diff)
+        print(f"  {label}: {mid:+.1f} ms = {mid / yardstick:+.1f} yardsticks "
+              f"(95%: {low / yardstick:+.1f} to {high / yardstick:+.1f})")  # fmt: skip
+
+    edited = figures["create: runc, edited"]
+    paired("runc on nvshim's edited bundle - runc, no GPU (runc's own work for the GPU)",
+           edited, bare_create)  # fmt: skip
     for name in ours:
         create_ms, list_ms = figures[f"create: {name}"], figures[f"list: {name}"]
         added = [a - b for a, b in zip(create_ms, bare_create, strict=True)]
@@ -109,6 +140,7 @@ def main() -> None:
               f"{mid / yardstick:+.1f} yardsticks (95%: "
               f"{low / yardstick:+.1f} to {high / yardstick:+.1f}); "
               f"list {ratio:.2f}x runc")  # fmt: skip
+        paired(f"{name} - runc on the same edits (nvshim's own)", create_ms, edited)
     if opts.previous:
         pairs = zip(figures["create: this tree"], figures["create: previous"], strict=True)
         diff = [a - b for a, b in pairs]

@@ -244,3 +244,44 @@ def test_the_compiled_front_reads_no_cache_others_could_have_written(fronts, tmp
     finally:
         os.chmod(target, mode)
     assert fronts("compiled", ["list"])[2][0].startswith("rt ")
+
+
+def test_a_config_json_of_megabytes_is_searched_whole(fronts, tmp_path):
+    """A config.json of 3 MiB, past the memory the compiled front keeps for itself (its
+    own C library maps a buffer that size), is read and searched whole by both fronts:
+    a request in its last bytes goes to Python, the same file without it to runc."""
+    outcomes = {}
+    for name, bundle in (("gpu", fronts.gpu), ("plain", fronts.plain)):
+        path = os.path.join(bundle, "config.json")
+        with open(path) as fh:
+            spec = json.load(fh)
+        padded = {"annotations": {"pad": "x" * (3 << 20)}, **spec}  # the request last
+        with open(path, "w") as fh:
+            json.dump(padded, fh)
+        for kind in ("compiled", "sh"):
+            said = fronts(kind, ["create", "--bundle", bundle, "c1"])[2][0]
+            outcomes[name, kind] = said.split(" ", 1)[0]
+    assert outcomes == {("gpu", "compiled"): "py", ("gpu", "sh"): "py",
+                        ("plain", "compiled"): "rt", ("plain", "sh"): "rt"}  # fmt: skip
+
+
+def test_an_interpreter_that_cannot_run_is_reported_as_a_shell_would(tmp_path):
+    """Where the compiled front must hand a call to Python and the interpreter cannot be
+    run, it says why in the C library's words and exits as a shell would: 127 for a
+    missing file, 126 for one not executable or not a program."""
+    text = tmp_path / "text"
+    text.write_text("not a program\n")
+    text.chmod(0o644)
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x7fELF" + b"\0" * 60)
+    garbage.chmod(0o755)
+    cases = [(tmp_path / "none" / "python3", 127, "No such file or directory"),
+             (text, 126, "Permission denied"), (garbage, 126, "Exec format error")]  # fmt: skip
+    for n, (interpreter, status, why) in enumerate(cases):
+        bin_dir = tmp_path / f"bin{n}"  # no cache directory: every call goes to Python
+        write_launchers(str(bin_dir), interpreter=str(interpreter),
+                        cache_dir=str(tmp_path / "no-cache"), compiled=True)  # fmt: skip
+        proc = subprocess.run([str(bin_dir / "nvshim-runtime"), "list"], capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+        assert (proc.returncode, proc.stderr) == (
+            status, f"nvshim-runtime: error: {interpreter}: {why}\n")  # fmt: skip

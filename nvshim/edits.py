@@ -172,8 +172,16 @@ class ContainerEdits:
         )
 
     def with_env(self, **values: str) -> ContainerEdits:
-        """A copy with the given variables set (replacing earlier values)."""
-        return self.merge(ContainerEdits(env=[f"{k}={v}" for k, v in values.items()]))
+        """A copy with the given variables set (replacing earlier values), its other
+        lists copied as they are (``merge`` made them: nothing to de-duplicate)."""
+        env = dedupe_keep_last([*self.env, *(f"{k}={v}" for k, v in values.items())], env_key)
+        return ContainerEdits(
+            env=env,
+            device_nodes=list(self.device_nodes),
+            mounts=list(self.mounts),
+            hooks=list(self.hooks),
+            additional_gids=list(self.additional_gids),
+        )
 
     def env_dict(self) -> dict[str, str]:
         return dict(e.split("=", 1) if "=" in e else (e, "") for e in self.env)

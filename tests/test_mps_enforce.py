@@ -295,6 +295,7 @@ def test_a_process_makes_a_hosts_common_edits_once_and_never_shares_them(shared_
     real = host_edits.common_edits
     monkeypatch.setattr(host_edits, "common_edits", lambda *a: made.append(a[1:]) or real(*a))
     monkeypatch.setattr(select_module, "_common", Last())
+    monkeypatch.setattr(select_module, "_merged", Last())
     fresh = _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "0"}, "ts").edits
     first = _select(shared_host, {"NVIDIA_VISIBLE_DEVICES": "0"}, "ts").edits
     first.mounts.clear(), first.hooks.clear(), first.device_nodes.append(None)
@@ -318,6 +319,7 @@ def test_a_host_parsed_again_is_compared_field_by_field_once(shared_host, monkey
     monkeypatch.setattr(host_edits, "common_edits", lambda *a: made.append(a) or real_edits(*a))
     monkeypatch.setattr(Host, "__eq__", lambda a, b: compared.append(1) or real_eq(a, b))
     monkeypatch.setattr(select_module, "_common", Last())
+    monkeypatch.setattr(select_module, "_merged", Last())
     cfg = load_config(shared_host.config("ts"))
     request = request_from_spec({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}}, cfg.policy)
     first = select(request, shared_host.host, cfg).edits
@@ -326,6 +328,42 @@ def test_a_host_parsed_again_is_compared_field_by_field_once(shared_host, monkey
     for _ in range(3):
         assert select(request, again, cfg).edits == first
     assert len(made) == 1 and len(compared) == 1
+
+
+def test_a_worker_gives_each_shape_of_request_what_a_fresh_process_gives_it(
+    shared_host, monkeypatch
+):
+    """A worker keeps the last shape's merged edits and parsed finishing steps: requests
+    that change devices and capabilities from one create to the next, and come back, get
+    exactly what a process with nothing kept gives them, each its own lists and steps."""
+    from nvshim.runtime import create as create_module
+    from nvshim.runtime.create import split_finishers
+
+    shapes = [{"NVIDIA_VISIBLE_DEVICES": "3"}, {"NVIDIA_VISIBLE_DEVICES": "3"},
+              {"NVIDIA_VISIBLE_DEVICES": "6:1"},
+              {"NVIDIA_VISIBLE_DEVICES": "3", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
+              {"NVIDIA_VISIBLE_DEVICES": "3"}, {"NVIDIA_VISIBLE_DEVICES": "3,6:1"}]  # fmt: skip
+
+    def chosen(env):
+        edits, steps = split_finishers(_select(shared_host, env, "ts").edits)
+        return edits, [vars(step) for step in steps], steps
+
+    def fresh(env):
+        for name in ("_common", "_merged"):
+            monkeypatch.setattr(select_module, name, Last())
+        monkeypatch.setattr(create_module, "_split", Last())
+        edits, described, _ = chosen(env)
+        assert described  # the finishing steps were split off
+        return repr((edits, described))
+
+    expected = [fresh(env) for env in shapes]
+    assert len(set(expected)) == 4  # four shapes, the repeats alike
+    got = []
+    for env in shapes:
+        edits, described, steps = chosen(env)
+        got.append(repr((edits, described)))
+        edits.mounts.clear(), edits.env.clear(), steps.clear()  # the container's own
+    assert got == expected
 
 
 def test_mps_device_cannot_be_combined_with_a_non_shared_one(shared_host):

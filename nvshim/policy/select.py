@@ -34,7 +34,6 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
     driver the container will use, the image's CUDA compat library when it applies.
     Raises NvshimError (RequestError/RequirementError) when the request cannot be met.
     """
-    from nvshim.host.edits import devices_edits
     from nvshim.policy.require import check_requirements
     from nvshim.policy.resolve import requirement_facts, resolve_devices
     from nvshim.policy.visible import cuda_visible_devices
@@ -56,8 +55,8 @@ def select(request, host: Host | None, config: Config, rootfs: str | None = None
             # only other vendors' devices (or no known GPU node): no NVIDIA driver
             log["devices"] = "none"
             return Selection(foreign, [], log)
+    edits = _device_edits(host, request.capabilities, config.runtime.hook_path, devices)
     caps = request.capabilities
-    edits = _common_edits(host, caps, config.runtime.hook_path).merge(devices_edits(devices, host))
     driver, cuda = host.driver_version, host.cuda_version
     if rootfs and request.requirements and not request.disable_require:
         from nvshim.hook.cudacompat import judged_versions
@@ -104,6 +103,26 @@ def _common_edits(host: Host, caps, hook_path: str) -> ContainerEdits:
     key = (host, tuple(caps), hook_path)
     kept = _common.get(key)
     return kept if kept is not None else _common.keep(key, common_edits(*key))
+
+
+# the last common edits merged with the last devices' (a worker's next create of the same
+# shape: most ask for the same GPUs)
+_merged = Last()
+
+
+def _device_edits(host: Host, caps, hook_path: str, devices: list[Device]) -> ContainerEdits:
+    """The common edits merged with ``devices``' own, made once per process for the same
+    host object, capabilities, hook and devices. Never handed out: ``select`` always
+    makes new edits from it (``with_env``)."""
+    from nvshim.host.edits import devices_edits
+
+    key = (host, tuple(caps), hook_path, tuple(devices))
+    kept = _merged.get(key)
+    if kept is None:
+        kept = _merged.keep(
+            key, _common_edits(host, caps, hook_path).merge(devices_edits(devices, host))
+        )
+    return kept
 
 
 def _cdi_and_engine_devices(devices, request, host, config) -> tuple[list, ContainerEdits]:

@@ -8,6 +8,7 @@ from nvshim import fastjson
 from nvshim.config import Config, load_config
 from nvshim.errors import NvshimError
 from nvshim.log import log_decision
+from nvshim.memo import Last
 from nvshim.oci.bundle import load_spec
 from nvshim.record import replace
 
@@ -20,17 +21,33 @@ TOOL = "nvshim-runtime"
 
 
 def split_finishers(edits: ContainerEdits) -> tuple[ContainerEdits, list[HookArgs]]:
-    """``edits`` without nvshim-hook's finishing-step entries, and those steps parsed."""
+    """``edits`` without nvshim-hook's finishing-step entries, and those steps parsed
+    (once per process for the same hooks: the steps are never modified once parsed)."""
+    hooks = tuple(edits.hooks)
+    kept = _split.get((hooks,))
+    if kept is None:
+        kept = _split.keep((hooks,), _split_hooks(hooks))
+    rest, steps = kept
+    if not steps:
+        return edits, []
+    return replace(edits, hooks=list(rest)), list(steps)
+
+
+# the last hooks split (a worker's next create of the same shape has the same ones)
+_split = Last()
+
+
+def _split_hooks(hooks: tuple) -> tuple[tuple, tuple]:
+    """The hooks that are not nvshim-hook's finishing steps, and those steps parsed."""
     from nvshim.hookentries import is_finisher
 
-    ours = [h for h in edits.hooks if is_finisher(h.args)]
+    ours = [h for h in hooks if is_finisher(h.args)]
     if not ours:
-        return edits, []
+        return hooks, ()
     from nvshim.hook.steps import finishing_steps
 
     steps, _ = finishing_steps(ours)
-    rest = [h for h in edits.hooks if h not in ours]
-    return replace(edits, hooks=rest), steps
+    return tuple(h for h in hooks if h not in ours), tuple(steps)
 
 
 class Prepared:

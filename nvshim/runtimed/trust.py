@@ -68,6 +68,7 @@ def privileges(pid: int) -> tuple[dict[bytes, bytes], int | None, int | None]:
 # act with privileges (capabilities, no seccomp filter, another LSM label) it lacks
 PRIVILEGES = (b"CapInh", b"CapPrm", b"CapEff", b"CapBnd", b"CapAmb", b"NoNewPrivs", b"Seccomp")
 _plain: list[dict[bytes, bytes]] = []  # the daemon's own, read at start
+_places: list[tuple] = []  # the daemon's namespaces and root, read at start
 
 
 def caller_decline_reason(pid: int, uid: int | None = None) -> tuple[str | None, int]:
@@ -87,12 +88,18 @@ def _reason(pid: int, uid: int | None, found: dict[bytes, bytes], umask: int | N
     for name in (*PRIVILEGES, b"label"):
         if found.get(name) != plain.get(name):
             return f"{name.decode()} {found.get(name, b'?').decode(errors='replace')}"
-    for ns in NAMESPACES:
-        if file_identity(f"/proc/{pid}/ns/{ns}") != file_identity(f"/proc/self/ns/{ns}"):
+    places = _places[0] if _places else own_places()
+    for ns, own in zip(NAMESPACES, places[:-1], strict=True):
+        if file_identity(f"/proc/{pid}/ns/{ns}") != own:
             return f"another {ns} namespace"
-    if file_identity(f"/proc/{pid}/root") != file_identity("/"):
+    if file_identity(f"/proc/{pid}/root") != places[-1]:
         return "another root"
     return None
+
+
+def own_places() -> tuple:
+    """This process's namespaces (``NAMESPACES``, in order) and root, by identity."""
+    return (*(file_identity(f"/proc/self/ns/{ns}") for ns in NAMESPACES), file_identity("/"))
 
 
 def parse_request(packet: bytes) -> tuple[list[str], dict[bytes, bytes]]:
@@ -113,8 +120,10 @@ def parse_request(packet: bytes) -> tuple[list[str], dict[bytes, bytes]]:
 
 
 def remember_own() -> None:
-    """Read this daemon's own privileges (at start): callers must have the same."""
+    """Read this daemon's own privileges, namespaces and root (at start): callers must
+    have the same."""
     _plain[:] = [privileges(os.getpid())[0]]
+    _places[:] = [own_places()]
 
 
 def check_cache_dir(path: str) -> None:

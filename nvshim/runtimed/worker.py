@@ -210,7 +210,8 @@ def worker_loop(
 ) -> None:
     """Serve calls (socket connections it accepts, slots the parent hands it on
     ``control``) until the parent closes ``control`` (or dies), ``RECYCLE`` calls were
-    served or one failed unexpectedly; report busy/idle on ``status``."""
+    served or one failed unexpectedly; report busy (a socket call: the parent knows a
+    slot it handed over) and idle on ``status``."""
     saved = Saved()
     log_fd = saved.stdio[2]
     me = os.getpid().to_bytes(4, sys.byteorder)
@@ -232,7 +233,8 @@ def worker_loop(
             except BlockingIOError:
                 continue  # another worker took it
         k = slot[0] if slot else NO_SLOT
-        os.write(status, me + BUSY + bytes([k]))
+        if conn is not None:  # a slot's worker is busy from the hand-over (``Pool.dispatch``)
+            os.write(status, me + BUSY + bytes([k]))
         end = IDLE
         try:
             if conn is not None:

@@ -94,20 +94,23 @@ __attribute__((noreturn)) void __stack_chk_fail(void) { abort(); }
 
 __attribute__((noreturn)) void __chk_fail(void) { abort(); }
 
-int open(const char *path, int flags, ...) {
-    va_list ap;
-    va_start(ap, flags);
-    int mode = (flags & (O_CREAT | __O_TMPFILE)) ? va_arg(ap, int) : 0;
-    va_end(ap);
-    return (int)ret(SYS(SYS_openat, AT_FDCWD, path, flags, mode, 0, 0));
-}
+/* a mode is passed only with O_CREAT or O_TMPFILE (as glibc reads it) */
+#define NEEDS_MODE(flags) (((flags) & O_CREAT) || ((flags) & __O_TMPFILE) == __O_TMPFILE)
 
 int openat(int dir, const char *path, int flags, ...) {
     va_list ap;
     va_start(ap, flags);
-    int mode = (flags & (O_CREAT | __O_TMPFILE)) ? va_arg(ap, int) : 0;
+    int mode = NEEDS_MODE(flags) ? va_arg(ap, int) : 0;
     va_end(ap);
     return (int)ret(SYS(SYS_openat, dir, path, flags, mode, 0, 0));
+}
+
+int open(const char *path, int flags, ...) {
+    va_list ap;
+    va_start(ap, flags);
+    int mode = NEEDS_MODE(flags) ? va_arg(ap, int) : 0;
+    va_end(ap);
+    return openat(AT_FDCWD, path, flags, mode);
 }
 
 int close(int fd) { return (int)ret(SYS(SYS_close, fd, 0, 0, 0, 0, 0)); }
@@ -132,11 +135,15 @@ ssize_t getxattr(const char *path, const char *name, void *value, size_t size) {
     return ret(SYS(SYS_getxattr, path, name, value, size, 0, 0));
 }
 
+/* the commands that take an int; the front uses no other with an argument */
 int fcntl(int fd, int cmd, ...) {
-    va_list ap;
-    va_start(ap, cmd);
-    int arg = va_arg(ap, int); /* every command the front uses takes an int or none */
-    va_end(ap);
+    int arg = 0;
+    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC || cmd == F_SETFD || cmd == F_SETFL) {
+        va_list ap;
+        va_start(ap, cmd);
+        arg = va_arg(ap, int);
+        va_end(ap);
+    }
     return (int)ret(SYS(SYS_fcntl, fd, cmd, arg, 0, 0, 0));
 }
 
@@ -551,14 +558,20 @@ int fflush(FILE *stream) {
     return 0;
 }
 
-int fprintf(FILE *stream, const char *fmt, ...) {
+/* at most 4 KiB a call: the front's messages are one line */
+int vfprintf(FILE *stream, const char *fmt, va_list ap) {
     char text[4096];
-    va_list ap;
-    va_start(ap, fmt);
     int n = vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
     size_t len = (size_t)n < sizeof text ? (size_t)n : sizeof text - 1;
     return write_all(stream, text, len) == 0 ? (int)len : -1;
+}
+
+int fprintf(FILE *stream, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vfprintf(stream, fmt, ap);
+    va_end(ap);
+    return n;
 }
 
 /* ---- _FORTIFY_SOURCE's checked calls -------------------------------------------- */
@@ -600,13 +613,11 @@ int __snprintf_chk(char *out, size_t cap, int flag, size_t room, const char *fmt
 
 int __fprintf_chk(FILE *stream, int flag, const char *fmt, ...) {
     (void)flag;
-    char text[4096];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(text, sizeof text, fmt, ap);
+    int n = vfprintf(stream, fmt, ap);
     va_end(ap);
-    size_t len = (size_t)n < sizeof text ? (size_t)n : sizeof text - 1;
-    return write_all(stream, text, len) == 0 ? (int)len : -1;
+    return n;
 }
 
 /* ---- start-up ------------------------------------------------------------------- */

@@ -424,3 +424,20 @@ def test_without_so_peerpidfd_every_socket_caller_is_declined(monkeypatch):
         monkeypatch.setattr(trust, "peer_pidfd", lambda sock: None)
         why, _ = trust.decline_reason(a)
         assert why is not None and "SO_PEERPIDFD" in why
+
+
+def test_a_caller_is_matched_on_the_daemons_namespaces_as_read_at_start(monkeypatch):
+    """The daemon reads its own namespaces and root once, at start: a caller in them is
+    served; one whose namespaces cannot be read is declined, even if the daemon's own
+    could not be read either (unknown is never the same)."""
+    from nvshim.runtimed import trust
+
+    monkeypatch.setattr(trust, "_places", [])
+    monkeypatch.setattr(trust, "_plain", [])
+    trust.remember_own()
+    assert trust.caller_decline_reason(os.getpid())[0] is None
+    unknown = (None,) * (len(trust.NAMESPACES) + 1)
+    monkeypatch.setattr(trust, "_places", [unknown])
+    assert trust.caller_decline_reason(os.getpid())[0] == "another mnt namespace"
+    monkeypatch.setattr(trust, "file_identity", lambda path: None)
+    assert trust.caller_decline_reason(os.getpid())[0] == "another mnt namespace"

@@ -90,9 +90,11 @@ def _reason(pid: int, uid: int | None, found: dict[bytes, bytes], umask: int | N
             return f"{name.decode()} {found.get(name, b'?').decode(errors='replace')}"
     places = _places[0] if _places else own_places()
     for ns, own in zip(NAMESPACES, places[:-1], strict=True):
-        if file_identity(f"/proc/{pid}/ns/{ns}") != own:
+        theirs = file_identity(f"/proc/{pid}/ns/{ns}")
+        if theirs is None or theirs != own:  # unreadable: not known to be the same
             return f"another {ns} namespace"
-    if file_identity(f"/proc/{pid}/root") != places[-1]:
+    theirs = file_identity(f"/proc/{pid}/root")
+    if theirs is None or theirs != places[-1]:
         return "another root"
     return None
 

@@ -198,7 +198,7 @@ def timing_loop(work: str, rounds: int, stack: contextlib.ExitStack) -> None:
     for i in range(rounds + 1):
         # the edited bundles first: the edit (a Python process) run right before a timed
         # runc slows that runc by 3 to 5 ms on the 2-core VM
-        edited, edited_ro = made(f"e{i}", edited=True), made(f"p{i}", True, readonly=True)
+        edited, edited_ro = made(f"e{i}", edited=True), made(f"p{i}", edited=True, readonly=True)
         y = timed([real_interpreter(), "-IS", "-c", "pass"], env)
         bare_list = timed([RUNC, "--root", state, "list"], env)
         our_list = timed([runtime, "--root", state, "list"], env)

@@ -44,20 +44,20 @@ UNSET = b"nvshim-front-payload:unset"
 HEAD = b"nvshim-front-payload:1"
 
 
-def _command() -> tuple[list[str], list[str]]:
-    """The compiler's flags and sources for this machine."""
+def _command() -> tuple[list[str], list[str], list[str]]:
+    """The compiler's flags, the sources and the libraries (after the sources) for this
+    machine."""
     if platform.machine() in OWN_LIBC_MACHINES:
-        return [*CFLAGS, *OWN_LIBC_FLAGS], [SOURCE, RUNTIME, "-lgcc"]
-    return list(CFLAGS), [SOURCE]
+        return [*CFLAGS, *OWN_LIBC_FLAGS], [SOURCE, RUNTIME], ["-lgcc"]
+    return list(CFLAGS), [SOURCE], []
 
 
 def _digest() -> str:
-    flags, sources = _command()
-    digest = hashlib.sha256("\0".join(flags).encode())
+    flags, sources, libraries = _command()
+    digest = hashlib.sha256("\0".join([*flags, *libraries]).encode())
     for source in sources:
-        if source.startswith("/"):
-            with open(source, "rb") as fh:
-                digest.update(b"\0" + fh.read())
+        with open(source, "rb") as fh:
+            digest.update(b"\0" + fh.read())
     return digest.hexdigest()[:16]
 
 
@@ -85,8 +85,9 @@ def build(build_dir: str = BUILD_DIR, compiler: str | None = None) -> str:
     fd, tmp = tempfile.mkstemp(dir=build_dir, prefix=".build-")
     os.close(fd)
     try:
-        flags, sources = _command()
-        proc = subprocess.run([cc, *flags, "-o", tmp, *sources], capture_output=True, text=True)
+        flags, sources, libraries = _command()
+        argv = [cc, *flags, "-o", tmp, *sources, *libraries]
+        proc = subprocess.run(argv, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} could not build {SOURCE}: {proc.stderr.strip()}")
         check_payload_area(_read(tmp))

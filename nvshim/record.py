@@ -78,11 +78,12 @@ def _build(cls, frozen: bool):
         specs.append(spec)
 
     def __init__(self, *args, **kwargs):
-        cls.__init__ = _compile_init(cls, specs, frozen)
+        compile_init(cls)
         cls.__init__(self, *args, **kwargs)
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = __init__
+    _uncompiled[cls] = (specs, frozen)
     cls.__record_fields__ = tuple(specs)
     compared = tuple(s.name for s in specs if s.compare)
 
@@ -107,6 +108,25 @@ def _build(cls, frozen: bool):
     else:
         cls.__hash__ = None
     return cls
+
+
+# the record classes whose ``__init__`` is still the stand-in that compiles it on first
+# use: importing a module compiles nothing (a per-container process uses a few records)
+_uncompiled: dict[type, tuple[list[Field], bool]] = {}
+
+
+def compile_init(cls) -> None:
+    """Give record class ``cls`` its generated ``__init__`` now (done already: nothing)."""
+    pending = _uncompiled.pop(cls, None)
+    if pending is not None:
+        cls.__init__ = _compile_init(cls, *pending)
+
+
+def compile_inits() -> None:
+    """Compile every loaded record class's ``__init__``: nvshim-runtimed's parent, before
+    it forks its workers (each would compile its own on first use)."""
+    for cls in list(_uncompiled):
+        compile_init(cls)
 
 
 def _compile_init(cls, specs: list[Field], frozen: bool):

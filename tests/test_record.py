@@ -107,3 +107,23 @@ def test_init_is_compiled_on_first_use():
     first = Late.__init__
     assert Late(a=2).a == 2 and Late.__init__ is not first  # replaced by the compiled one
     assert Late().a == 1 and Late.__init__.__qualname__.endswith("Late.__init__")
+
+
+def test_compile_inits_leaves_nothing_to_compile_after_a_fork(monkeypatch):
+    """nvshim-runtimed's parent compiles every record's ``__init__`` before it forks its
+    workers: none is compiled on first use afterwards, and each builds what it did."""
+    import nvshim.record as module
+
+    @record(frozen=True)
+    class Early:
+        a: int
+        b: list = field(default_factory=list)
+
+    stand_in = Early.__init__
+    module.compile_inits()
+    assert Early.__init__ is not stand_in
+    monkeypatch.setattr(module, "_compile_init", lambda *a: pytest.fail(f"compiled {a[0]}"))
+    one = Early(1)
+    assert (one.a, one.b, Early(2, [3]).b) == (1, [], [3]) and one.b is not Early(1).b
+    with pytest.raises(FrozenInstanceError):
+        one.a = 2

@@ -9,10 +9,13 @@ a container behind.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -427,6 +430,66 @@ def test_extra_workers_idle_past_the_idle_timeout_are_retired(creates):
             _, status = creates.create(rootfs, cid)  # served by the added worker
             assert status == 0, creates.output(cid)
         _wait_for(lambda: len(_workers(d.proc.pid)) == 1, "the extra worker stayed")
+        assert len(d.served()) == 1 and "failed" not in d.text()
+    finally:
+        assert d.stop() == 0
+
+
+IN_OPEN = 0x20
+
+
+def _watch_opens(paths: list[str]) -> int:
+    """An inotify fd (non-blocking) that reports each open of the files ``paths``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    for path in paths:
+        assert libc.inotify_add_watch(fd, os.fsencode(path), IN_OPEN) >= 0, path
+    return fd
+
+
+def _opens(fd: int) -> int:
+    """How many opens the watch ``fd`` reported since it was last read (watches of
+    files: no event carries a name)."""
+    events = b""
+    with contextlib.suppress(BlockingIOError):
+        while data := os.read(fd, 65536):
+            events += data
+    masks = [mask for _, mask, _, _ in struct.iter_unpack("iIII", events)]
+    return sum(bool(mask & IN_OPEN) for mask in masks)
+
+
+def test_a_new_worker_finds_the_driver_libraries_already_read(creates):
+    """The parent reads what a worker keeps (the host from its inventory cache, the
+    driver libraries' ELF headers) before it forks one: on a node whose inventory is
+    cached, a worker's first create opens none of the host's libraries, though its
+    ld-cache step checks each of them in the container."""
+    first = Daemon(creates, "--workers", "1")
+    try:
+        rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+        cid = f"daemon-warm-{os.getpid()}"
+        _, status = creates.create(rootfs, cid)  # the inventory is cached
+        assert status == 0, creates.output(cid)
+    finally:
+        assert first.stop() == 0
+    folder = creates.sim.host_path(LIBDIR)
+    libraries = [e.path for e in os.scandir(folder)
+                 if ".so." in e.name and e.is_file(follow_symlinks=False)]  # fmt: skip
+    d = Daemon(creates, "--workers", "1")
+    try:
+        watch = _watch_opens(libraries)
+        try:
+            rootfs2 = make_busybox_rootfs(creates.tmp / "rootfs2")
+            cid2 = f"daemon-warm2-{os.getpid()}"
+            _, status = creates.create(rootfs2, cid2)  # its worker's first call
+            assert status == 0, creates.output(cid2)
+            opened = _opens(watch)
+        finally:
+            os.close(watch)
+        assert opened == 0, f"the worker opened host libraries {opened} times"
+        inside = f"/proc/{creates.state(cid2)['pid']}/root"
+        assert Path(f"{inside}{CONF}").read_text().splitlines()[-1] == LIBDIR
+        assert os.readlink(f"{inside}{LIBDIR}/libcuda.so.1").startswith("libcuda.so.")
         assert len(d.served()) == 1 and "failed" not in d.text()
     finally:
         assert d.stop() == 0

@@ -412,6 +412,23 @@ def _library_at(dfd: int, name: str) -> tuple[str | None, int | None, bool]:
     return found
 
 
+def remember_libraries(paths: list[str]) -> None:
+    """Read the ELF headers of the host's library files ``paths`` into what
+    ``_library_at`` keeps: nvshim-runtimed's parent, before it forks its workers. A
+    library bind-mounted into a container has its host file's identity, so each worker
+    finds the driver's libraries already read. What cannot be read is left out."""
+    for path in paths:
+        folder, name = posixpath.split(path)
+        try:
+            dfd = os.open(folder or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            _library_at(dfd, name)
+        finally:
+            os.close(dfd)
+
+
 def _identity(st: os.stat_result) -> tuple[int, ...]:
     """A file's identity for what this process keeps of it: device, inode, size, mtime,
     ctime (a change to its content moves the last)."""

@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from nvshim.errors import one_line
 from nvshim.record import field, record
@@ -61,9 +62,16 @@ class Pool:
     """The parent's view of its workers, by pid, and of the slots in flight."""
 
     def __init__(
-        self, listener: socket.socket, verbose: bool, limits: Limits, slots: Slots | None = None
+        self,
+        listener: socket.socket,
+        verbose: bool,
+        limits: Limits,
+        slots: Slots | None = None,
+        warm: Callable[[], None] = lambda: None,
     ) -> None:
+        """``warm``: run before workers are forked (what they inherit)."""
         self.listener, self.verbose, self.limits, self.slots = listener, verbose, limits, slots
+        self.warm = warm
         self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
         self.workers: dict[int, Worker] = {}
         self.flights: dict[int, Flight] = {}  # by slot
@@ -249,7 +257,10 @@ class Pool:
         # one worker short, or one for each queued slot no idle worker can take: a burst
         # gets its workers in one pass, not one per wake-up
         wanted = max(limits.workers - len(live), len(self.pending) - len(idle), not idle)
-        for _ in range(min(wanted, limits.max_workers - len(self.workers))):
+        wanted = min(wanted, limits.max_workers - len(self.workers))
+        if wanted > 0:
+            self.warm()
+        for _ in range(wanted):
             self.spawn()
         if wanted <= 0 and len(live) > limits.workers:
             for pid in idle[: len(live) - limits.workers]:

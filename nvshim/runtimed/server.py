@@ -77,6 +77,36 @@ def share_ldconfig_copy() -> None:
         say(2, f"no shared copy of the host ldconfig (a worker makes its own): {one_line(err)}")
 
 
+def warm() -> None:
+    """Fill what a worker keeps from call to call before the workers are forked, so
+    that each starts with it instead of paying for it on its first call (about 10 ms on
+    a 2-core machine, once per worker: a burst forks dozens): every record class's
+    ``__init__``, the configuration, the host from its inventory cache (never
+    discovered here: NVML is not loaded before a fork) and its libraries' ELF headers.
+    Run again before the pool grows; a worker still checks each against its file."""
+    from nvshim.record import compile_inits
+
+    compile_inits()
+    try:
+        _warm_host()
+    except NvshimError:  # a configuration that cannot be read: said on each call
+        pass
+    except Exception as err:  # noqa: BLE001 - a head start only: each worker reads it anyway
+        say(2, f"not read ahead for the workers: {one_line(err)}")
+    gc.freeze()  # what the workers share: their collections never walk it
+
+
+def _warm_host() -> None:
+    from nvshim.config import load_config
+    from nvshim.hook.ldconfig import remember_libraries
+    from nvshim.host.inventory import load_cached
+
+    config = load_config()
+    host = load_cached(config.runtime.inventory_dir, config.host.driver_root, config.host.dev_root)
+    if host is not None:
+        remember_libraries([f.host_path for f in host.files if f.kind == "lib"])
+
+
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
     """A non-blocking socket bound at ``path`` (replaced atomically), mode 0600: the
     listener and the identity of the socket file, to remove it at exit only if it is
@@ -139,20 +169,18 @@ def serve(path: str, verbose: bool = False, limits: Limits | None = None) -> Non
     share_ldconfig_copy()
     listener, identity = listen(path)
     slots = make_slots()
-    pool = Pool(listener, verbose, limits, slots)
+    pool = Pool(listener, verbose, limits, slots, warm)
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     os.set_blocking(pool.status_r, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes poll through wake_w
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    gc.freeze()  # the workers share the imported modules' pages instead of copying them
     ups = {} if slots is None else {slots.fds[k][1]: k for k in range(SLOTS)}
     sweep_markers(verbose)
     swept = time.monotonic()
     try:
-        for _ in range(limits.workers):
-            pool.spawn()
+        pool.tend()  # its first workers
         where = path if slots is None else f"{path} and {slots.path}"
         say(2, f"listening on {where} (nvshim {__version__})")
         _notify_ready()

@@ -75,6 +75,8 @@ class Pool:
         self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
         self.workers: dict[int, Worker] = {}
         self.flights: dict[int, Flight] = {}  # by slot
+        self.flights_changed = True  # a slot began or ended flight since the parent looked
+        self.inherited: list[int] = []  # the parent's own fds, closed in a worker
         self.pending: list[int] = []  # slots waiting for a worker
         self.swept = 0.0
         self.full_since: float | None = None  # when every worker became busy
@@ -91,6 +93,8 @@ class Pool:
                     signal.signal(sig, signal.SIG_DFL)
                 signal.set_wakeup_fd(-1)
                 os.close(self.status_r)
+                for fd in self.inherited:
+                    os.close(fd)
                 for other in self.workers.values():
                     if other.control is not None:
                         os.close(other.control)
@@ -138,6 +142,7 @@ class Pool:
     def free(self, k: int) -> None:
         self.slots.release(k)
         self.flights.pop(k, None)
+        self.flights_changed = True
 
     def waiting(self) -> list[int]:
         """The slots whose ``K.u`` the parent watches for a request: those not in flight."""
@@ -152,8 +157,10 @@ class Pool:
             claim = self.slots.claim(k)
             self.slots.say(k, DECLINED)
             self.flights[k] = Flight(claim[0] if claim and claim[0] else 0, held=True)
+            self.flights_changed = True
             return
         self.flights[k] = Flight(*request)
+        self.flights_changed = True
         self.pending.append(k)
 
     def idle(self) -> list[int]:

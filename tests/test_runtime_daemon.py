@@ -495,6 +495,20 @@ def test_a_new_worker_finds_the_driver_libraries_already_read(creates):
         assert d.stop() == 0
 
 
+def test_a_worker_holds_no_epoll_instance_of_the_parents(creates, daemon):
+    """The parent waits with epoll; a worker, forked from it, closes that fd (it would
+    keep the parent's watch list alive and is never its to wait on)."""
+
+    def epolls(pid: int) -> int:
+        fds = os.listdir(f"/proc/{pid}/fd")
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
+        return sum(link == "anon_inode:[eventpoll]" for link in links)
+
+    assert epolls(daemon.proc.pid) == 1
+    (worker,) = _workers(daemon.proc.pid)
+    assert epolls(worker) == 0
+
+
 def test_containerd_shim_calls_are_served(creates, tmp_path, monkeypatch):
     """The k8s path: containerd's shim calls nvshim-runtime for a pod's sandbox and its
     GPU container; with the daemon in containerd's mount namespace (here a private one,

@@ -495,18 +495,24 @@ def test_a_new_worker_finds_the_driver_libraries_already_read(creates):
         assert d.stop() == 0
 
 
-def test_a_worker_holds_no_epoll_instance_of_the_parents(creates, daemon):
-    """The parent waits with epoll; a worker, forked from it, closes that fd (it would
-    keep the parent's watch list alive and is never its to wait on)."""
+def test_a_worker_holds_no_epoll_instance_of_the_parents(creates):
+    """The parent waits with epoll; a worker it adds later, forked from it, closes that
+    fd (it would keep the parent's watch list alive and is never its to wait on)."""
 
     def epolls(pid: int) -> int:
         fds = os.listdir(f"/proc/{pid}/fd")
         links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
         return sum(link == "anon_inode:[eventpoll]" for link in links)
 
-    assert epolls(daemon.proc.pid) == 1
-    (worker,) = _workers(daemon.proc.pid)
-    assert epolls(worker) == 0
+    d = Daemon(creates, "--workers", "1")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as held:
+            held.connect(d.socket)  # the first worker takes it and waits: a second is forked
+            _wait_for(lambda: len(_workers(d.proc.pid)) == 2, "no worker was added")
+            assert epolls(d.proc.pid) == 1
+            assert [epolls(w) for w in _workers(d.proc.pid)] == [0, 0]
+    finally:
+        assert d.stop() == 0
 
 
 def test_containerd_shim_calls_are_served(creates, tmp_path, monkeypatch):

@@ -9,7 +9,8 @@ rounds or fewer, the whole range). The daemon's first round is also shown alone:
 pool, at rest before it, forks most of its workers during that burst.
 
 nvshim-runtime runs twice: served by ``nvshim-runtimed`` (as installed; the daemon's
-and its workers' CPU is counted) and alone, in the client's process.
+and its workers' CPU is counted, exactly from a cgroup of their own where one can be
+made, else from 10 ms ticks) and alone, in the client's process.
 
 ``--previous DIR`` adds a case: the nvshim package of another checkout (an earlier
 version) with its own launchers, served by its own daemon. Its ``createContainer`` hook,

@@ -347,16 +347,20 @@ def test_doctor_reports_the_daemon(creates):
     assert doctor() == ("warn", f"{socket_path}: not running; nvshim-runtime does each GPU "
                                 "create in-process (slower)")  # fmt: skip
     d = Daemon(creates, "--workers", "1")
-    workers = _workers(d.proc.pid)
-    assert doctor() == ("ok", f"nvshim-runtimed (pid {d.proc.pid}) answers at {socket_path}")
-    assert set(workers) <= set(_workers(d.proc.pid)) and "failed" not in d.text()
-    (slots,) = [n for n in os.listdir(creates.cache_dir) if n.startswith("runtimed.")]
-    slots = os.path.join(creates.cache_dir, slots)
-    os.rename(slots, f"{slots}.away")
-    assert doctor() == ("warn", f"nvshim-runtimed (pid {d.proc.pid}) answers at "
-                        f"{socket_path} but keeps no slots at {slots}: each GPU create "
-                        "starts an interpreter")  # fmt: skip
-    os.rename(f"{slots}.away", slots)
+    try:
+        workers = _workers(d.proc.pid)
+        assert doctor() == ("ok", f"nvshim-runtimed (pid {d.proc.pid}) answers at {socket_path}")
+        assert set(workers) <= set(_workers(d.proc.pid)) and "failed" not in d.text()
+        (slots,) = [n for n in os.listdir(creates.cache_dir) if n.startswith("runtimed.")]
+        slots = os.path.join(creates.cache_dir, slots)
+        os.rename(slots, f"{slots}.away")
+        assert doctor() == ("warn", f"nvshim-runtimed (pid {d.proc.pid}) answers at "
+                            f"{socket_path} but keeps no slots at {slots}: each GPU create "
+                            "starts an interpreter")  # fmt: skip
+        os.rename(f"{slots}.away", slots)
+    except BaseException:
+        d.stop()  # a failed check leaves no daemon behind
+        raise
     d.proc.kill()
     d.proc.wait()
     status, reason = doctor()

@@ -119,11 +119,7 @@ _GROUPS: dict[int, tuple[str, str, float]] = {}  # a daemon's pid -> its cgroup,
 
 def _tree(pid: int) -> list[int]:
     """``pid`` and its descendants."""
-    try:
-        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
-    except OSError:
-        return [pid]
-    return [pid, *(p for c in children for p in _tree(int(c)))]
+    return [pid, *(p for c in _children(pid) for p in _tree(c))]
 
 
 def _account(pid: int) -> tuple[str, str, float] | None:
@@ -178,11 +174,15 @@ def daemon_cpu(pid: int) -> float:
         ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
         return ticks / os.sysconf("SC_CLK_TCK")
 
+    return times(pid) + sum(times(c) for c in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
     try:
-        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
     except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: the parents in stat
-        children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == pid]
-    return times(pid) + sum(times(int(c)) for c in children)
+        return [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(p) == pid]
 
 
 def _parent(pid: str) -> int:

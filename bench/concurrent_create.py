@@ -18,7 +18,9 @@ where it has one, runs under the container's init, so its CPU is not counted the
 two trees' batches are also paired round by round (this tree's wall over the previous').
 
 "bare runc, nvshim's edits" is runc creating bundles nvshim edited beforehand (not
-timed, no finishing steps): what the GPU's mounts cost runc itself in the burst.
+timed, no finishing steps): what the GPU's mounts cost runc itself in the burst. The
+served case's rounds are paired with it too: what nvshim adds over runc doing the same
+mounts and devices.
 
 ``--lifecycle`` times whole lifecycles instead: each container's ``create``, ``start``,
 ``state`` and ``delete``, one after the other through the runtime under test as an
@@ -147,6 +149,14 @@ def measure(w: str, cases: dict, golden: str, opts) -> dict[str, list[tuple[floa
     return figures
 
 
+def _paired(label: str, ours: list, theirs: list) -> None:
+    """Print the median of two cases' per-round wall ratios, with its 95% interval."""
+    ratios = [a[0] / b[0] for a, b in zip(ours, theirs, strict=True)]
+    low, high = median_interval(ratios)
+    print(f"  {label}, wall per round: {statistics.median(ratios):.2f}x "
+          f"(95%: {low:.2f} to {high:.2f})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--containers", type=int, default=100)
@@ -197,13 +207,11 @@ def main() -> None:
                 ratio = values[0][0] / bare[0][0]
                 print(f"  {case:<30} first round alone: {ratio:4.2f}x runc, CPU per container "
                       f"{values[0][1] * 1000:6.1f} ms (its workers forked in it)")  # fmt: skip
+        ours = figures["nvshim-runtime + daemon, 1 GPU"]
+        edited = figures["bare runc, nvshim's edits"]  # what nvshim adds over runc's own part
+        _paired("nvshim + daemon / bare runc with its edits", ours, edited)
         if opts.previous:  # the two trees' rounds paired: what changed, without runc's spread
-            ours = figures["nvshim-runtime + daemon, 1 GPU"]
-            theirs = figures["previous nvshim + daemon, 1 GPU"]
-            ratios = [a[0] / b[0] for a, b in zip(ours, theirs, strict=True)]
-            low, high = median_interval(ratios)
-            print(f"  this tree / previous, wall per round: {statistics.median(ratios):.2f}x "
-                  f"(95%: {low:.2f} to {high:.2f})")  # fmt: skip
+            _paired("this tree / previous", ours, figures["previous nvshim + daemon, 1 GPU"])
         print(f"yardstick: python3 -IS -c pass {yardstick:.1f} ms (one run, after the batches)")
 
 

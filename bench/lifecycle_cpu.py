@@ -7,8 +7,9 @@ its own copy of a busybox image with glibc's loader.
 
 For each call it reports the CPU of the processes the engine would start (the runtime
 and what it runs: for nvshim, the front and runc), measured with ``RUSAGE_CHILDREN``,
-and the daemon's share (the parent and its workers, from ``/proc`` ticks: a tick is
-10 ms, so only the mean over many calls means anything). The front's cost is the served
+and the daemon's share (the parent and its workers: exactly, from a cgroup of their own
+where one can be made, else from ``/proc`` ticks, where a tick is 10 ms, so only the mean
+over many calls means anything; ``bench.creates.running_daemon``). The front's cost is the served
 call's CPU over runc's on the edited bundle, paired round by round (median and 95%
 interval); the daemon's is its mean per call.
 
@@ -22,6 +23,7 @@ Run as root: ``.venv/bin/python3 bench/lifecycle_cpu.py [--rounds N] [--previous
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -32,10 +34,17 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.creates import RUNC, children_cpu, daemon_cpu, edited_bundle, installed  # noqa: E402
+from bench.creates import (  # noqa: E402
+    RUNC,
+    children_cpu,
+    daemon_cpu,
+    edited_bundle,
+    installed,
+    running_daemon,
+)
 from bench.paired import median_interval  # noqa: E402
 from tests.podman_util import make_busybox_rootfs  # noqa: E402
-from tests.runc_util import make_bundle, start_daemon  # noqa: E402
+from tests.runc_util import make_bundle  # noqa: E402
 from tests.sim.simhost import build_host  # noqa: E402
 
 CALLS = ("create", "start", "state", "delete")
@@ -55,13 +64,12 @@ def main() -> None:
         if opts.previous:
             trees[3] = installed(w, "previous", os.path.abspath(opts.previous), sim)
         env = trees[2][1]
-        daemons = {k: start_daemon(os.path.dirname(runtime), tree_env,
-                                   os.path.join(w, f"daemon-{k}.err"))
-                   for k, (runtime, tree_env) in trees.items()}  # fmt: skip
         state = os.path.join(w, "state")
         own: dict[tuple[str, str], list[float]] = {}
         share: dict[tuple[str, str], list[float]] = {}
-        try:
+        with contextlib.ExitStack() as stack:
+            daemons = {k: stack.enter_context(running_daemon(os.path.dirname(runtime), tree_env))
+                       for k, (runtime, tree_env) in trees.items()}  # fmt: skip
             for n in range(opts.rounds + 1):  # the first round warms the caches
                 for k, case in enumerate(cases):
                     cid = f"c{n}-{k}"
@@ -89,10 +97,6 @@ def main() -> None:
                             own.setdefault((case, call), []).append(after[0] - before[0])
                             share.setdefault((case, call), []).append(after[1] - before[1])
                     shutil.rmtree(rootfs)
-        finally:
-            for daemon in daemons.values():
-                daemon.terminate()
-                daemon.wait()
     print(f"CPU per call, {opts.rounds} rounds of one lifecycle per case (ms):")
     print(f"  {'call':<8}" + "".join(f"{case:>28}" for case in cases) + "  daemon (mean)")
     for call in CALLS:

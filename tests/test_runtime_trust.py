@@ -94,8 +94,18 @@ def _plant(c, how: str, tmp_path) -> None:
         ("cache-dir-mode", "dash"),
         ("acl", "dash"),
         ("trusted", "dash"),  # the control: the same stand-in is obeyed when trusted
-        *((how, "compiled") for how in
-          ("dir-owner", "fifo-owner", "dir-mode", "symlink", "cache-dir-mode", "acl", "trusted")),
+        *(
+            (how, "compiled")
+            for how in (
+                "dir-owner",
+                "fifo-owner",
+                "dir-mode",
+                "symlink",
+                "cache-dir-mode",
+                "acl",
+                "trusted",
+            )
+        ),
     ],
 )
 def test_a_planted_slot_directory_is_never_used(creates, tmp_path, how, shell):  # noqa: F811

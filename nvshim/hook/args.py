@@ -58,8 +58,12 @@ STEPS: dict[str, tuple[str, dict[str, tuple[str, str, str]], tuple[str, ...]]] =
         "make library folders visible to ld.so",
         {
             "--folder": ("list", "DIR", "a container folder with injected libraries"),
-            "--ldconfig": ("one", "FILE", "the host's static ldconfig (where the cache cannot"
-                           " be added to)  [default: /sbin/ldconfig]"),
+            "--ldconfig": (
+                "one",
+                "FILE",
+                "the host's static ldconfig (where the cache cannot"
+                " be added to)  [default: /sbin/ldconfig]",
+            ),
             "--ldconfig-path": ("one", "FILE", "NVIDIA's name of --ldconfig"),
         },
         (),

@@ -82,13 +82,13 @@ def running_daemon(bin_dir: str, env: dict[str, str], prefix: tuple[str, ...] = 
         proc = start_daemon(bin_dir, env, log, "--verbose", prefix=prefix)
     except RuntimeError as err:
         raise SystemExit(str(err)) from None
-    group = _account(proc.pid)
+    _account(proc.pid)
     try:
         yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-        _release(proc.pid, group)
+        _release(proc.pid)
         lines = open(log).read().splitlines()
         declined = [ln for ln in lines if "declined:" in ln]
         slot = sum(" by slot " in ln and " served: " in ln for ln in lines)
@@ -122,10 +122,11 @@ def _tree(pid: int) -> list[int]:
     return [pid, *(p for c in _children(pid) for p in _tree(c))]
 
 
-def _account(pid: int) -> tuple[str, str, float] | None:
-    """Put the daemon ``pid`` and its workers in a cgroup of their own, so that
-    ``daemon_cpu`` reads their CPU exactly (with whatever they fork later, and the
-    threads that ended); None where none can be made (then 10 ms ticks are read)."""
+def _account(pid: int) -> None:
+    """Put the daemon ``pid`` and its workers in a cgroup of their own (kept in
+    ``_GROUPS``), so that ``daemon_cpu`` reads their CPU exactly (with whatever they
+    fork later, and the threads that ended); where none can be made, 10 ms ticks are
+    read."""
     for top, marker, usage, unit in CGROUPS:
         if not os.path.exists(os.path.join(top, marker)):
             continue
@@ -140,13 +141,13 @@ def _account(pid: int) -> tuple[str, str, float] | None:
                 os.rmdir(group)
             continue
         _GROUPS[pid] = (group, usage, unit)
-        return _GROUPS[pid]
-    return None
+        return
 
 
-def _release(pid: int, group: tuple[str, str, float] | None) -> None:
-    """Remove the daemon's cgroup once its processes are gone (a few tries)."""
-    _GROUPS.pop(pid, None)
+def _release(pid: int) -> None:
+    """Remove the daemon's cgroup, if ``_account`` made one, once its processes are
+    gone (a few tries)."""
+    group = _GROUPS.pop(pid, None)
     for _ in range(50) if group else ():
         try:
             os.rmdir(group[0])

@@ -153,14 +153,13 @@ class Pool:
     def requested(self, k: int) -> None:
         """Slot ``k``'s ``K.u`` is readable: a front's request, queued for a worker."""
         request = self.slots.request(k)
+        self.flights_changed = True  # k is in flight from here, either way
         if request is None:  # not one of this protocol's: the front (if any) starts Python
             claim = self.slots.claim(k)
             self.slots.say(k, DECLINED)
             self.flights[k] = Flight(claim[0] if claim and claim[0] else 0, held=True)
-            self.flights_changed = True
             return
         self.flights[k] = Flight(*request)
-        self.flights_changed = True
         self.pending.append(k)
 
     def idle(self) -> list[int]:

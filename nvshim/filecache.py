@@ -62,6 +62,6 @@ def write_entry(path: str, data: bytes) -> None:
     if not cache_dir_trusted(os.path.dirname(path)):  # made here when missing
         return
     try:
-        atomic_write(path, data, mode=0o644, backup=False, durable=False)
+        atomic_write(path, data, mode=0o644, durable=False)
     except OSError:
         pass

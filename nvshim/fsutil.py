@@ -73,52 +73,28 @@ def atomic_write(
     path: str,
     data: bytes,
     mode: int | None = None,
-    backup: bool = True,
     keep_owner: bool = True,
     durable: bool = True,
-) -> str | None:
+) -> None:
     """Replace ``path`` with ``data`` atomically (temp file in the same dir, fsync, rename).
 
-    The original's mode and owner are kept unless ``mode`` is given. With ``backup``, an
-    existing original is copied to ``path + ".nvshim.bak"`` first (the same way: temp
-    file, rename); its path is returned.
+    The original's mode and owner are kept unless ``mode`` is given. Backups are the
+    caller's (an engine config's: ``nvshim.engines.common.write_backup``, through here).
     ``durable=False`` skips the fsyncs, for files that do not outlive a reboot (a
     bundle's ``config.json``, caches under ``/run``): the rename is still atomic.
-    A failed write leaves ``path`` as it was, and no temporary file or new backup; its
-    OSError names ``path`` or the backup (not the temporary file that could not be written).
+    A failed write leaves ``path`` as it was, and no temporary file; its OSError names
+    ``path`` (not the temporary file that could not be written).
     """
     try:
         st = os.stat(path)
     except FileNotFoundError:
         st = None
-    backup_path = path + ".nvshim.bak" if backup and st is not None else None
-    new_backup = backup_path is not None and not os.path.lexists(backup_path)
     try:
-        if backup_path is not None:
-            _write_backup(path, backup_path, st, keep_owner, durable)
         _replace(path, data, mode, st, keep_owner, durable)
-    except BaseException as err:
-        if new_backup:
-            _unlink(backup_path)
-        named = (path, backup_path) if backup_path else (path,)
-        if isinstance(err, OSError) and err.errno is not None and err.filename not in named:
+    except OSError as err:
+        if err.errno is not None and err.filename != path:
             raise OSError(err.errno, err.strerror, path) from None  # not the temporary's
         raise
-    return backup_path
-
-
-def _write_backup(path: str, backup_path: str, st, keep_owner: bool, durable: bool) -> None:
-    """Copy ``path`` (stat ``st``) to ``backup_path`` as :func:`_replace` writes: an old
-    backup stays whole until the new one is complete (a copy over it was left truncated
-    when it failed part way). An OSError names ``backup_path``."""
-    try:
-        with open(path, "rb") as fh:
-            original = fh.read()
-        _replace(backup_path, original, None, st, keep_owner, durable)
-    except OSError as err:
-        if err.errno is None:
-            raise
-        raise OSError(err.errno, err.strerror, backup_path) from None
 
 
 def _replace(path: str, data: bytes, mode: int | None, st, keep_owner: bool, durable: bool):

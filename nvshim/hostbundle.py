@@ -197,7 +197,7 @@ def write_unplaced_launcher(root: str) -> str:
         f'    -c {shlex.quote(code)} "$0" "$@"\n'
     )
     path = os.path.join(root, "bin", "nvshim")
-    atomic_write(path, text.encode(), mode=0o755, backup=False)
+    atomic_write(path, text.encode(), mode=0o755)
     return path
 
 
@@ -228,5 +228,5 @@ def relocate(root: str, prefix: str) -> list[str]:
     )
     marker["prefix"] = prefix
     text = json.dumps(marker, indent=2, sort_keys=True) + "\n"
-    atomic_write(os.path.join(root, MARKER), text.encode(), mode=0o644, backup=False)
+    atomic_write(os.path.join(root, MARKER), text.encode(), mode=0o644)
     return launchers

@@ -243,7 +243,7 @@ def install_host(
         final = os.path.join(hooks_dir, HOOK_FILE)
         path = under(dest_root, final)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, hook_file_text(hook_path).encode(), mode=0o644, backup=False)
+        atomic_write(path, hook_file_text(hook_path).encode(), mode=0o644)
         written.append(path)
         outside.append(final)
     if prefix is not None:
@@ -257,7 +257,7 @@ def _write_manifest(target: str, prefix: str, outside: list[str], bundle: bool) 
     os.makedirs(target, exist_ok=True)
     record = {"prefix": prefix, "bundle": bundle, "files": sorted(set(outside))}
     text = json.dumps(record, indent=2) + "\n"
-    atomic_write(os.path.join(target, MANIFEST), text.encode(), mode=0o644, backup=False)
+    atomic_write(os.path.join(target, MANIFEST), text.encode(), mode=0o644)
 
 
 def _ours(path: str, prefix: str) -> bool:

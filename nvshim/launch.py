@@ -177,6 +177,6 @@ def write_launchers(
     for name, module in launchers.items():
         path = os.path.join(bin_dir, name)
         data = launcher_bytes(module, interpreter, roots, cache_dir, compiled)
-        atomic_write(path, data, mode=0o755, backup=False)
+        atomic_write(path, data, mode=0o755)
         written.append(path)
     return written

@@ -537,20 +537,21 @@ def test_make_dirs_tolerates_a_directory_created_meanwhile(tmp_path, monkeypatch
     assert target.is_dir()
 
 
-# In a private mount namespace: a 64 KiB tmpfs holding a 40 KiB file and a 4 KiB backup of
-# it; atomic_write with a backup then runs out of room part way through the new backup.
+# In a private mount namespace: a 64 KiB tmpfs holding a 40 KiB config and a 4 KiB backup
+# of an older original (its record gone); keeping the config's original then runs out of
+# room part way through the new backup.
 FULL_BACKUP = r"""
 set -e
 mount -t tmpfs -o size=64k tmpfs "$DIR"
 head -c 40960 /dev/urandom > "$DIR/f"
-head -c 4096 /dev/zero | tr '\0' o > "$DIR/f.nvshim.bak"
-sha256sum "$DIR/f" "$DIR/f.nvshim.bak" > "$SUMS"
+head -c 4096 /dev/zero | tr '\0' o > "$DIR/f$SUFFIX"
+sha256sum "$DIR/f" "$DIR/f$SUFFIX" > "$SUMS"
 set +e
 "$PY" -c '
 import sys
-from nvshim.fsutil import atomic_write
+from nvshim.engines.common import write_backup
 try:
-    atomic_write(sys.argv[1], b"new")
+    write_backup(sys.argv[1], open(sys.argv[1], "rb").read())
 except OSError as err:
     print("error", err.strerror, err.filename)
 ' "$DIR/f"
@@ -563,18 +564,19 @@ def test_a_backup_that_fails_part_way_keeps_the_old_backup_whole(tmp_path):
     """The backup was copied over the old one in place: ENOSPC part way left it
     truncated. Now written beside it and renamed: the old backup stays whole, the file
     as it was, no temporary left, the error naming the backup."""
+    from nvshim.engines.common import BACKUP_SUFFIX
     from tests.conftest import sh_in_private_mounts
 
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     done = sh_in_private_mounts(
         FULL_BACKUP, DIR=str(mnt), SUMS=str(tmp_path / "sums"), PY=sys.executable,
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=str(REPO), SUFFIX=BACKUP_SUFFIX,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     error, intact, listing = done.stdout.splitlines()
-    assert error == f"error No space left on device {mnt}/f.nvshim.bak", done.stdout
-    assert intact == "intact" and listing == "f f.nvshim.bak", done.stdout
+    assert error == f"error No space left on device {mnt}/f{BACKUP_SUFFIX}", done.stdout
+    assert intact == "intact" and listing == f"f f{BACKUP_SUFFIX}", done.stdout
 
 
 # In a private mount namespace: a 64 KiB tmpfs holding the config, filled up to FREE KiB

@@ -186,7 +186,7 @@ def generate(output, driver_root, dev_root, config, **options) -> None:
     from nvshim.fsutil import atomic_write
 
     with parents_made(output):
-        atomic_write(output, text.encode(), mode=0o644, backup=False)
+        atomic_write(output, text.encode(), mode=0o644)
     sys.stderr.write(
         f"nvshim: wrote {output}: {len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']}\n"
     )

@@ -171,7 +171,7 @@ def refresh_spec(
         except (NvshimError, OSError) as err:
             raise NvshimError(f"{output}: {kept}: {err}") from None
         data = text.encode()
-        atomic_write(output, data, mode=0o644, backup=False)
+        atomic_write(output, data, mode=0o644)
         new_record = {
             "format": KEY_FORMAT,
             "key": key,
@@ -180,7 +180,7 @@ def refresh_spec(
             "devices": devices,
         }
         record_text = json.dumps(new_record, indent=1, sort_keys=True) + "\n"
-        atomic_write(key_path(output), record_text.encode(), mode=0o644, backup=False)
+        atomic_write(key_path(output), record_text.encode(), mode=0o644)
     finally:
         os.close(dir_fd)
     changes = "; ".join([", ".join(reasons)] + _differences(record, host.driver_version, devices))

@@ -189,7 +189,7 @@ def _keep_bad(path: str, raw: bytes, lines: list[str]) -> None:
     from nvshim.fsutil import atomic_write
 
     try:
-        atomic_write(path + BAD_SUFFIX, raw, mode=0o600, backup=False)
+        atomic_write(path + BAD_SUFFIX, raw, mode=0o600)
         lines.append(f"checkpoint {path}: the unreadable original is kept as {path}{BAD_SUFFIX}")
     except OSError as err:
         lines.append(f"checkpoint {path}: cannot keep the original: {err.strerror}")
@@ -201,4 +201,4 @@ def save(path: str, claims: dict[str, dict[str, Any]]) -> None:
 
     os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
     text = json.dumps({"version": VERSION, "claims": claims}, indent=1)
-    atomic_write(path, text.encode() + b"\n", mode=0o600, backup=False)
+    atomic_write(path, text.encode() + b"\n", mode=0o600)

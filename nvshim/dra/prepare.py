@@ -401,7 +401,7 @@ class Driver:
         os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
         data = (json.dumps(spec, indent=1) + "\n").encode()
         # transient (a tmpfs in /var/run): no fsync; the checkpoint written after is durable
-        atomic_write(spec_path(self.cdi_dir, uid), data, mode=0o644, backup=False, durable=False)
+        atomic_write(spec_path(self.cdi_dir, uid), data, mode=0o644, durable=False)
 
     # -- unprepare ----------------------------------------------------------------------
     def unprepare(self, claim: dict[str, str]) -> dict[str, str]:

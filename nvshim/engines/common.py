@@ -158,7 +158,7 @@ def load_state(path: str) -> FileState | None:
 
 
 def save_state(path: str, state: FileState) -> None:
-    atomic_write(state_path(path), state.to_json(), mode=0o600, backup=False)
+    atomic_write(state_path(path), state.to_json(), mode=0o600)
 
 
 def remove_state(path: str, keep_backup: bool = False) -> None:
@@ -173,7 +173,7 @@ def write_backup(path: str, data: bytes) -> str:
     """Keep ``data`` (the original of ``path``) beside it with the original's mode and owner."""
     st = os.stat(path)
     target = backup_path(path)
-    atomic_write(target, data, mode=st.st_mode & 0o7777, backup=False)
+    atomic_write(target, data, mode=st.st_mode & 0o7777)
     with contextlib.suppress(PermissionError):
         os.chown(target, st.st_uid, st.st_gid)
     return target
@@ -212,7 +212,7 @@ def write_file(path: str, data: bytes | None) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
-    atomic_write(path, data, backup=False)
+    atomic_write(path, data)
 
 
 def commit_file(
@@ -279,7 +279,7 @@ class _Undo:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(state_path(self.path))
             else:
-                atomic_write(state_path(self.path), self.state, mode=0o600, backup=False)
+                atomic_write(state_path(self.path), self.state, mode=0o600)
         if self.backup:
             with contextlib.suppress(OSError):
                 os.unlink(backup_path(self.path))

@@ -470,9 +470,7 @@ def _read_state(dirs: DaemonDirs) -> dict:
 def _write_state(dirs: DaemonDirs, state: dict) -> None:
     from nvshim.fsutil import atomic_write
 
-    atomic_write(
-        dirs.state, (json.dumps(state, indent=2) + "\n").encode(), mode=0o644, backup=False
-    )
+    atomic_write(dirs.state, (json.dumps(state, indent=2) + "\n").encode(), mode=0o644)
 
 
 def _make_dirs(dirs: DaemonDirs) -> None:

@@ -159,7 +159,7 @@ def leave(s: NodeSettings, runtimes: list[str], state: list[str]) -> str:
     tree = os.path.join(versions_dir(s.prefix), TREE)
     path = s.here(os.path.join(tree, "bin", "nvshim-runtime"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, script_text(s, runtimes, state).encode(), mode=0o755, backup=False)
+    atomic_write(path, script_text(s, runtimes, state).encode(), mode=0o755)
     return tree
 
 

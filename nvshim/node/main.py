@@ -36,7 +36,7 @@ def write_ready(path: str) -> None:
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    atomic_write(path, f"ready {stamp} pid {os.getpid()}\n".encode(), mode=0o644, backup=False)
+    atomic_write(path, f"ready {stamp} pid {os.getpid()}\n".encode(), mode=0o644)
     say(f"ready ({path})")
 
 

@@ -126,6 +126,6 @@ def prepare_bundle(
     root, runtime = _marker_root(config, root_flag)
     mark_prepared(CACHE_DIR, container_id, root)
     fault_point("rewrite")
-    atomic_write(os.path.join(bundle, "config.json"), data, backup=False, durable=False)
+    atomic_write(os.path.join(bundle, "config.json"), data, durable=False)
     log_decision(config, TOOL, container_id, annotations=pod, **selection.log)
     return Prepared(config, steps, rootfs, pod, runtime)

@@ -72,7 +72,7 @@ def mark_prepared(cache_dir: str, container_id: str, root: str = "", prepared: b
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
         data = f"{root}\n".encode("utf-8", "surrogateescape") if root else b""
-        atomic_write(path, data, 0o644 & ~mask, backup=False, keep_owner=False, durable=False)
+        atomic_write(path, data, 0o644 & ~mask, keep_owner=False, durable=False)
     except OSError as err:
         raise NvshimError(f"{directory}: cannot write the exec marker: {err.strerror}") from None
 

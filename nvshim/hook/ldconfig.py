@@ -146,11 +146,6 @@ def is_static_elf(fd: int) -> bool:
     return parsed is not None and parsed[3] and all(h[0] != PT_INTERP for h in parsed[1])
 
 
-def elf_soname(fd: int) -> str | None:
-    """DT_SONAME of a 32- or 64-bit ELF shared object, None if it has none or is not ELF."""
-    return elf_library(fd)[0]
-
-
 def elf_library(fd: int) -> tuple[str | None, int | None]:
     """(DT_SONAME, the ld.so.cache flags ldconfig gives it) of an ELF shared object: no
     SONAME if it has none or is not ELF; no flags for a 32-bit one or an architecture

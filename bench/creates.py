@@ -195,8 +195,9 @@ def _parent(pid: str) -> int:
 
 
 def edited_bundle(bundle: str, cid: str, env: dict[str, str]) -> None:
-    """Have nvshim edit ``bundle`` for its GPU request, as a create would (not timed): bare
-    runc then creates the same container, without the finishing steps."""
-    code = ("from nvshim.runtime.create import prepare_bundle; "
-            "prepare_bundle(sys.argv[2], sys.argv[3], True)")  # fmt: skip
+    """Have nvshim edit ``bundle`` for its GPU request, as a create would (not timed), with
+    the driver's binds in the spec as well, as NVIDIA's CDI spec has runc make them
+    (nvshim's create attaches them itself): bare runc then creates the same container,
+    without the finishing steps. What any injecting runtime has runc do for a GPU."""
+    code = "from bench.runc_edits import edit; edit(*sys.argv[2:])"
     _in_tree(roots(REPO), code, bundle, cid, env=env)

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -27,6 +28,7 @@ from tests.runc_util import (
 )
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 CONF = "/etc/ld.so.conf.d/00-nvshim.conf"
 SHOW = f"readlink {LIBDIR}/libcuda.so.1; cat {CONF}; echo CVD=$CUDA_VISIBLE_DEVICES"
@@ -283,3 +285,89 @@ def test_pivoted_steps_refuse_another_root(pivoted, tmp_path):
         run_steps(pid, other, [step], ctx, pivoted=True)
     assert not os.path.lexists(f"/proc/{pid}/root/made-here")
     assert not os.path.lexists(os.path.join(other, "made-here"))
+
+
+def _spec_mounts(bundle: str) -> list[dict]:
+    with open(os.path.join(bundle, "config.json")) as fh:
+        return json.load(fh)["mounts"]
+
+
+def _driver_binds(creates, rootfs: str) -> list[dict]:
+    """The binds a GPU container's edits ask for: what ``run`` hands runc in the spec."""
+    bundle = make_bundle(creates.tmp, rootfs, ["true"],
+                         env={"NVIDIA_VISIBLE_DEVICES": "0"}, name="binds")  # fmt: skip
+    before = len(_spec_mounts(bundle))
+    code = "import sys; from nvshim.runtime.create import prepare_bundle as p; p(*sys.argv[1:])"
+    env = {**creates.env(), "PYTHONPATH": REPO}
+    subprocess.run([sys.executable, "-c", code, bundle, "binds"], env=env, check=True)
+    return _spec_mounts(bundle)[before:]
+
+
+def _mounted(pid: int) -> dict[str, list[set[str]]]:
+    """The mount points of ``pid``'s namespace, each with the per-mount options of every
+    mount stacked there."""
+    found: dict[str, list[set[str]]] = {}
+    with open(f"/proc/{pid}/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            found.setdefault(fields[4], []).append(set(fields[5].split(",")))
+    return found
+
+
+def test_create_attaches_the_driver_binds_with_runcs_attributes(creates):
+    """runc is handed none of the driver's binds: nvshim-runtime attaches each in the
+    created container, read-only or not, nosuid, nodev and noexec as the edit says."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+    binds = _driver_binds(creates, rootfs)
+    assert len(binds) > 10 and {"ro", "rw"} & {o for b in binds for o in b["options"]} == {"ro"}
+    cid = f"binds-{os.getpid()}"
+    bundle, status = creates.create(rootfs, cid)
+    assert status == 0, creates.output(cid)
+    handed = {m["destination"] for m in _spec_mounts(bundle)}
+    assert not handed & {b["destination"] for b in binds}
+    mounted = _mounted(creates.state(cid)["pid"])
+    for b in binds:
+        (options,) = mounted[b["destination"]]  # one mount there, not two stacked
+        want = {"ro" if "ro" in b["options"] else "rw"} | {"nosuid", "nodev"}
+        assert want <= options, (b, options)
+        assert ("noexec" in options) == ("noexec" in b["options"]), (b, options)
+    inside = f"/proc/{creates.state(cid)['pid']}/root"
+    lib = next(b for b in binds if "/libcuda.so." in b["destination"])
+    assert open(inside + lib["destination"], "rb").read() == open(lib["source"], "rb").read()
+    out = creates.start_and_wait(cid).splitlines()
+    assert out[0] == f"libcuda.so.{creates.sim.driver_version}"  # linked and cached
+
+
+def test_a_bind_the_engine_made_stays_with_runc(creates):
+    """A bind the spec holds already (the engine applied nvshim's CDI spec) is runc's:
+    it is neither attached a second time nor dropped."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+    lib = next(b for b in _driver_binds(creates, rootfs) if "/libcuda.so." in b["destination"])
+    cid = f"engine-bind-{os.getpid()}"
+    bundle = make_bundle(creates.tmp, rootfs, ["/bin/sh", "-c", SHOW], mounts=[lib],
+                         env={"NVIDIA_VISIBLE_DEVICES": "0"}, name=cid)  # fmt: skip
+    creates.ids.append(cid)
+    with open(creates.tmp / f"{cid}.out", "w") as out:
+        proc = creates.call("create", "--bundle", bundle, cid, stdout=out, stderr=out)
+    assert proc.returncode == 0, creates.output(cid)
+    assert [m for m in _spec_mounts(bundle) if m["destination"] == lib["destination"]] == [lib]
+    assert len(_mounted(creates.state(cid)["pid"])[lib["destination"]]) == 1
+
+
+def test_a_bind_whose_source_went_deletes_the_container(creates):
+    """A driver file gone since the inventory was taken: the create fails with one line
+    naming it, and runc no longer knows the container."""
+    rootfs = make_busybox_rootfs(creates.tmp / "rootfs")
+    lib = next(b for b in _driver_binds(creates, rootfs) if "/libcuda.so." in b["destination"])
+    aside = lib["source"] + ".aside"
+    os.rename(lib["source"], aside)
+    try:
+        cid = f"bind-gone-{os.getpid()}"
+        _, status = creates.create(make_busybox_rootfs(creates.tmp / "rootfs2"), cid)
+    finally:
+        os.rename(aside, lib["source"])
+    assert status == 1
+    (message,) = creates.output(cid).splitlines()
+    assert message.startswith("nvshim-runtime: error: finishing steps failed, container deleted:")
+    assert f"{lib['source']}: cannot" in message
+    assert creates.state(cid) is None

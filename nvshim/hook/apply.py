@@ -47,8 +47,10 @@ class PlannedNode:
         return allow_rule(self.kind, self.major, self.minor, self.access)
 
 
-def plan_mounts(mounts: list[Mount]) -> list[PlannedMount]:
-    """Clone every bind source (host namespace); NvshimError before anything changed."""
+def plan_mounts(mounts: list[Mount], attrs=bind.attrs_for) -> list[PlannedMount]:
+    """Clone every bind source (host namespace); NvshimError before anything changed.
+    ``attrs(options)``: the mount attributes each gets (the hook's own reading of the
+    options by default; nvshim-runtime passes runc's, ``bind.runc_attrs``)."""
     planned: list[PlannedMount] = []
     try:
         for m in mounts:
@@ -63,7 +65,7 @@ def plan_mounts(mounts: list[Mount]) -> list[PlannedMount]:
             except OSError as err:
                 raise NvshimError(f"{m.host_path}: cannot bind-mount: {err.strerror}") from None
             tree = bind.clone_tree(m.host_path)
-            planned.append(PlannedMount(tree, path, directory, bind.attrs_for(m.options)))
+            planned.append(PlannedMount(tree, path, directory, attrs(m.options)))
     except BaseException:
         close_mounts(planned)
         raise

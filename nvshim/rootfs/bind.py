@@ -31,6 +31,30 @@ def attrs_for(options: tuple[str, ...] | list[str]) -> int:
     return attrs
 
 
+# how runc reads a bind's options: the flag each sets (True) or clears (False), in order
+_RUNC_OPTIONS = {
+    "ro": (kernel.MOUNT_ATTR_RDONLY, True),
+    "rw": (kernel.MOUNT_ATTR_RDONLY, False),
+    "nosuid": (kernel.MOUNT_ATTR_NOSUID, True),
+    "nodev": (kernel.MOUNT_ATTR_NODEV, True),
+    "noexec": (kernel.MOUNT_ATTR_NOEXEC, True),
+    "bind": (0, True),
+}
+
+
+def runc_attrs(options: tuple[str, ...] | list[str]) -> int | None:
+    """The mount attributes runc gives a bind with ``options`` (read-write unless ``ro``),
+    or None when one of them is an option this module does not reproduce (``rbind``,
+    propagation, atime and the like: such a mount is left to runc)."""
+    attrs = 0
+    for option in options:
+        if option not in _RUNC_OPTIONS:
+            return None
+        flag, on = _RUNC_OPTIONS[option]
+        attrs = attrs | flag if on else attrs & ~flag
+    return attrs
+
+
 def clone_tree(host_path: str) -> int:
     """A detached bind mount (fd) of host file or directory ``host_path``."""
     try:

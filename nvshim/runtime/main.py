@@ -67,7 +67,7 @@ def run(argv: list[str], lowlevel: LowLevel) -> int | None:
                 bundle, args.container_id, args.action == "create", args.globals.get("root")
             )
             runtime = resolve(prepared.config, prepared.runtime)
-            if prepared.steps:
+            if prepared.steps or prepared.mounts:
                 from nvshim.runtime.finish import create_and_finish
 
                 return create_and_finish(runtime, argv, args, prepared, lowlevel)

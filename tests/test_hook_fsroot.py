@@ -202,6 +202,68 @@ def test_mountpoint_is_created_with_the_right_type(tmp_path, resolver):
     assert (root / "run/nvidia-persistenced").is_dir()
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["alone", "directories-kept"])
+def test_a_mountpoint_behind_an_image_link_stays_in_the_root(tmp_path, resolver, batch):
+    """An image's link at the mount point itself is followed inside the root (as runc's
+    own resolution does): to the root's file, never to the host's file of that name."""
+    root = tmp_path / "rootfs"
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "target").mkdir()
+    (root / "target/real.so").write_text("")
+    host_file = tmp_path / "target/real.so"
+    host_file.parent.mkdir()
+    host_file.write_text("host\n")
+    os.symlink("../../../target/real.so", root / "usr/lib/libclimb.so")  # host: host_file
+    os.symlink("/target/real.so", root / "usr/lib/libabs.so")
+    opened: dict[str, int] = {}
+    with RootFS(str(root)) as fs:
+        for name in ("libclimb.so", "libabs.so"):
+            fd = fs.mountpoint(f"/usr/lib/{name}", False, opened if batch else None)
+            st = os.fstat(fd)
+            os.close(fd)
+            assert (st.st_dev, st.st_ino) == _identity(root / "target/real.so"), name
+        assert len(opened) == int(batch)
+        fs.close_opened(opened)
+    assert opened == {} and host_file.read_text() == "host\n"
+
+
+def _identity(path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def test_a_bind_below_a_directory_bound_earlier_lands_in_it(tmp_path):
+    """``attach_mounts`` keeps the mount points' directories open from bind to bind,
+    but looks them up again once it bound a directory: a later bind below that one goes
+    into the bound directory, as runc's would, not under it where nothing sees it."""
+    from nvshim.edits import Mount
+    from nvshim.hook.apply import attach_mounts, close_mounts, plan_mounts
+
+    root, shared = tmp_path / "rootfs", tmp_path / "host-dir"
+    (root / "opt/a").mkdir(parents=True)
+    shared.mkdir()
+    lib = tmp_path / "libx.so"
+    lib.write_text("driver\n")
+    binds = [
+        Mount(str(lib), "/opt/a/first.so", ("ro", "bind")),
+        Mount(str(shared), "/opt/a", ("rw", "bind")),
+        Mount(str(lib), "/opt/a/second.so", ("ro", "bind")),
+    ]
+
+    def attach():
+        planned = plan_mounts(binds)
+        try:
+            with RootFS(str(root)) as fs:
+                assert attach_mounts(fs, planned) == 3
+            return sorted(os.listdir(root / "opt/a")), open(root / "opt/a/second.so").read()
+        finally:
+            close_mounts(planned)
+
+    assert in_private_mount_ns(attach) == {"ok": [["second.so"], "driver\n"]}
+    assert sorted(os.listdir(root / "opt/a")) == ["first.so"]  # the image's directory
+    assert sorted(os.listdir(shared)) == ["second.so"]  # its mount point, as runc makes it
+
+
 def test_procfs_magic_links_inside_the_root_are_not_followed(tmp_path, resolver):
     """With a real procfs mounted in the root, ``/proc/self/root`` is a magic link to the
     host's root: openat2 refuses it, the walk reads it as the string "/" (in-root)."""

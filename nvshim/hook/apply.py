@@ -60,11 +60,8 @@ def plan_mounts(mounts: list[Mount], attrs=bind.attrs_for) -> list[PlannedMount]
                 path = normalize(m.container_path)
             except RootPathError as err:
                 raise NvshimError(f"mount {m.container_path!r}: {err}") from None
-            try:
-                directory = stat.S_ISDIR(os.stat(m.host_path).st_mode)
-            except OSError as err:
-                raise NvshimError(f"{m.host_path}: cannot bind-mount: {err.strerror}") from None
             tree = bind.clone_tree(m.host_path)
+            directory = stat.S_ISDIR(os.fstat(tree).st_mode)  # of what was cloned
             planned.append(PlannedMount(tree, path, directory, attrs(m.options)))
     except BaseException:
         close_mounts(planned)
@@ -113,18 +110,25 @@ def plan_nodes(nodes: list[DeviceNode]) -> list[PlannedNode]:
 
 
 def attach_mounts(root: RootFS, planned: list[PlannedMount]) -> int:
-    """Attach each clone at its container path (created fd-based when missing)."""
-    for p in planned:
-        try:
-            target = root.mountpoint(p.container_path, p.directory)
-        except (OSError, RootPathError) as err:
-            reason = err.strerror if isinstance(err, OSError) else str(err)
-            where = f"mount point {p.container_path} in the container"
-            raise NvshimError(f"{where}: {reason}") from None
-        try:
-            bind.attach(p.tree_fd, target, p.attrs, p.container_path)
-        finally:
-            os.close(target)
+    """Attach each clone at its container path (created fd-based when missing), in
+    order: one below a directory bound earlier lands in that directory, as with runc."""
+    opened: dict[str, int] = {}  # the mount points' directories, each opened once
+    try:
+        for p in planned:
+            try:
+                target = root.mountpoint(p.container_path, p.directory, opened)
+            except (OSError, RootPathError) as err:
+                reason = err.strerror if isinstance(err, OSError) else str(err)
+                where = f"mount point {p.container_path} in the container"
+                raise NvshimError(f"{where}: {reason}") from None
+            try:
+                bind.attach(p.tree_fd, target, p.attrs, p.container_path)
+            finally:
+                os.close(target)
+            if p.directory:  # it may hide a directory kept open: look them up again
+                root.close_opened(opened)
+    finally:
+        root.close_opened(opened)
     return len(planned)
 
 

@@ -7,8 +7,6 @@ it in the parent's fd); a directory there is an error.
 
 from __future__ import annotations
 
-import os
-
 from nvshim.errors import NvshimError
 from nvshim.rootfs.fsroot import RootFS, RootPathError, normalize
 
@@ -41,8 +39,7 @@ def create_symlinks(root: RootFS, specs: list[str]) -> dict[str, str]:
             except (OSError, RootPathError) as err:
                 raise NvshimError(f"--link {target}::{link}: {_reason(err)}") from None
     finally:
-        for fd in opened.values():
-            os.close(fd)
+        root.close_opened(opened)
     fields = {"links_created": len(outcome["created"]), "links_existing": len(outcome["exists"])}
     if outcome["replaced"]:
         fields["links_replaced"] = ",".join(outcome["replaced"])

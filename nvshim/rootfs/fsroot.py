@@ -309,6 +309,12 @@ class RootFS:
         finally:
             os.close(pfd)
 
+    @staticmethod
+    def close_opened(opened: dict[str, int]) -> None:
+        """Close and forget the directories ``parent_in`` kept in ``opened``."""
+        while opened:
+            os.close(opened.popitem()[1])
+
     def parent_in(self, path: str, opened: dict[str, int]) -> tuple[int, str]:
         """``parent``, the directory's fd taken from ``opened`` (directory -> O_PATH fd)
         or opened once and kept there: the caller closes them all."""
@@ -378,25 +384,35 @@ class RootFS:
         finally:
             os.close(pfd)
 
-    def mountpoint(self, path: str, directory: bool) -> int:
+    def mountpoint(self, path: str, directory: bool, opened: dict[str, int] | None = None) -> int:
         """An O_PATH fd of ``path`` ready to be mounted on, created (empty file or
-        directory) when missing; its type must match ``directory``."""
+        directory) when missing; its type must match ``directory``. ``opened``: as for
+        ``parent_in`` (several mount points in one directory: it is opened once; the
+        caller empties it once it mounted a directory, which may hide one of them)."""
+        if opened is not None:
+            return self._mountpoint_at(path, *self.parent_in(path, opened), directory)
         pfd, name = self.parent(path)
         try:
-            if directory:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=pfd)
-                except FileExistsError:
-                    pass
-            else:
-                try:
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                    os.close(os.open(name, flags, 0o644, dir_fd=pfd))
-                except FileExistsError:
-                    pass
+            return self._mountpoint_at(path, pfd, name, directory)
         finally:
             os.close(pfd)
-        fd = self.open(path, os.O_PATH)
+
+    def _mountpoint_at(self, path: str, pfd: int, name: str, directory: bool) -> int:
+        if directory:
+            try:
+                os.mkdir(name, 0o755, dir_fd=pfd)
+            except FileExistsError:
+                pass
+        else:
+            try:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                os.close(os.open(name, flags, 0o644, dir_fd=pfd))
+            except FileExistsError:
+                pass
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+        if stat.S_ISLNK(os.fstat(fd).st_mode):  # the image's link: followed, within the root
+            os.close(fd)
+            fd = self.open(path, os.O_PATH)
         if stat.S_ISDIR(os.fstat(fd).st_mode) != directory:
             os.close(fd)
             raise OSError(errno.ENOTDIR if directory else errno.EISDIR, "wrong file type", path)

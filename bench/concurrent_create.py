@@ -18,9 +18,9 @@ where it has one, runs under the container's init, so its CPU is not counted the
 two trees' batches are also paired round by round (this tree's wall over the previous').
 
 "bare runc, nvshim's edits" is runc creating bundles nvshim edited beforehand (not
-timed, no finishing steps): what the GPU's mounts cost runc itself in the burst. The
-served case's rounds are paired with it too: what nvshim adds over runc doing the same
-mounts and devices.
+timed, no finishing steps), the driver's binds in the spec as NVIDIA's CDI spec has them
+(``bench.runc_edits``; nvshim's own create attaches them itself): what the GPU's mounts
+and devices cost runc in the burst. The served case's rounds are paired with it too.
 
 ``--lifecycle`` times whole lifecycles instead: each container's ``create``, ``start``,
 ``state`` and ``delete``, one after the other through the runtime under test as an

@@ -371,3 +371,34 @@ def test_a_bind_whose_source_went_deletes_the_container(creates):
     assert message.startswith("nvshim-runtime: error: finishing steps failed, container deleted:")
     assert f"{lib['source']}: cannot" in message
     assert creates.state(cid) is None
+
+
+def test_split_mounts_leaves_runc_what_it_cannot_reproduce(monkeypatch):
+    """Only plain binds with options whose attributes nvshim sets as runc would are taken
+    from the spec; one the spec holds already, an ``rbind``, a propagation option and
+    every bind on a kernel without the new mount API stay runc's."""
+    from nvshim.edits import ContainerEdits, Mount
+    from nvshim.rootfs import bind
+    from nvshim.runtime.create import split_mounts
+
+    lib = Mount("/host/lib.so", "/usr/lib/lib.so", ("ro", "nosuid", "nodev", "bind"))
+    sock = Mount("/host/socket", "/run/x/socket", ("nosuid", "nodev", "noexec", "bind"))
+    made = Mount("/host/made.so", "/usr/lib/made.so", ("ro", "bind"))
+    kept = [
+        made,
+        Mount("/host/dir", "/opt/dir", ("rbind",)),
+        Mount("/host/dir2", "/opt/dir2", ("bind", "rslave")),
+        Mount("/host/t", "/opt/t", ("ro",), type="tmpfs"),
+    ]
+    edits = ContainerEdits(mounts=[lib, *kept, sock])
+    spec = {"mounts": [{"destination": made.container_path, "source": made.host_path}]}
+    monkeypatch.setattr(bind, "_mount_api", True)
+    rest, ours = split_mounts(edits, spec)
+    assert ours == [lib, sock] and rest.mounts == kept
+    assert [bind.runc_attrs(m.options) for m in ours] == [
+        bind.kernel.MOUNT_ATTR_RDONLY | bind.BASE_ATTRS,
+        bind.BASE_ATTRS | bind.kernel.MOUNT_ATTR_NOEXEC,
+    ]
+    assert bind.runc_attrs(("ro", "rw", "bind")) == 0  # runc: the last one wins
+    monkeypatch.setattr(bind, "_mount_api", False)
+    assert split_mounts(edits, spec) == (edits, [])

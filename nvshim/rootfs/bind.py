@@ -31,6 +31,26 @@ def attrs_for(options: tuple[str, ...] | list[str]) -> int:
     return attrs
 
 
+# None: not asked yet; else whether the kernel has mount_setattr (Linux 5.12+), the
+# newest of the calls ``attach`` makes
+_mount_api: bool | None = None
+
+
+def mount_api() -> bool:
+    """Whether this kernel lets ``attach`` bind a clone, asked once per process: a
+    ``mount_setattr`` that changes nothing succeeds where the call exists (or fails
+    EBADF on no fd), and fails ENOSYS before Linux 5.12 (EPERM without the privilege, or
+    under a seccomp filter that forbids it)."""
+    global _mount_api
+    if _mount_api is None:
+        try:
+            kernel.mount_setattr(-1, 0)
+            _mount_api = True
+        except OSError as err:
+            _mount_api = err.errno == errno.EBADF
+    return _mount_api
+
+
 # how runc reads a bind's options: the flag each sets (True) or clears (False), in order
 _RUNC_OPTIONS = {
     "ro": (kernel.MOUNT_ATTR_RDONLY, True),

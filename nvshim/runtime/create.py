@@ -55,11 +55,14 @@ def split_mounts(edits: ContainerEdits, spec: dict) -> tuple[ContainerEdits, lis
     the container (``nvshim.runtime.finish``), and those binds: every one whose options
     it gives the attributes runc would (``nvshim.rootfs.bind.runc_attrs``), unless the
     spec holds it already (the engine's own CDI support). runc spends about 0.25 ms of
-    CPU on each bind it makes; attached from here one costs a third of that."""
+    CPU on each bind it makes; attached from here one costs a third of that. A kernel
+    without the new mount API (before Linux 5.12) leaves every bind to runc."""
     if not edits.mounts:
         return edits, []
-    from nvshim.rootfs.bind import runc_attrs
+    from nvshim.rootfs.bind import mount_api, runc_attrs
 
+    if not mount_api():
+        return edits, []
     mounts = spec.get("mounts")
     present = {
         (m.get("destination"), m.get("source"))

@@ -37,6 +37,15 @@ def merge_env(existing: list[str], updates: list[str]) -> list[str]:
     return dedupe_keep_last(entries, env_key)
 
 
+def spec_binds(spec: dict[str, Any]) -> set[tuple[Any, Any]]:
+    """(destination, source) of each mount ``spec`` holds: an edit's mount found there
+    was applied already (e.g. by the engine's own CDI support)."""
+    mounts = spec.get("mounts")
+    if not isinstance(mounts, list):
+        return set()
+    return {(m.get("destination"), m.get("source")) for m in mounts if isinstance(m, dict)}
+
+
 def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]) -> dict[str, Any]:
     """Apply ``edits`` to ``spec`` in place (and return it).
 
@@ -76,11 +85,11 @@ def apply_edits(spec: dict[str, Any], edits: ContainerEdits, injected: list[str]
         linux["devices"] = devices
 
     if edits.mounts:
+        present = spec_binds(spec)
         mounts = _array(spec, "mounts")
-        present = {(m.get("destination"), m.get("source")) for m in mounts if isinstance(m, dict)}
         for m in edits.mounts:
             if (m.container_path, m.host_path) in present:
-                continue  # already applied (e.g. by the engine's own CDI support)
+                continue
             options = list(m.options)
             if not m.type and "bind" not in options and "rbind" not in options:
                 options.append("bind")

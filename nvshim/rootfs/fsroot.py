@@ -410,10 +410,12 @@ class RootFS:
             except FileExistsError:
                 pass
         fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
-        if stat.S_ISLNK(os.fstat(fd).st_mode):  # the image's link: followed, within the root
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISLNK(mode):  # the image's link: followed, within the root
             os.close(fd)
             fd = self.open(path, os.O_PATH)
-        if stat.S_ISDIR(os.fstat(fd).st_mode) != directory:
+            mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode) != directory:
             os.close(fd)
             raise OSError(errno.ENOTDIR if directory else errno.EISDIR, "wrong file type", path)
         return fd

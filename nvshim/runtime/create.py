@@ -59,16 +59,12 @@ def split_mounts(edits: ContainerEdits, spec: dict) -> tuple[ContainerEdits, lis
     without the new mount API (before Linux 5.12) leaves every bind to runc."""
     if not edits.mounts:
         return edits, []
+    from nvshim.oci.modify import spec_binds
     from nvshim.rootfs.bind import mount_api, runc_attrs
 
     if not mount_api():
         return edits, []
-    mounts = spec.get("mounts")
-    present = {
-        (m.get("destination"), m.get("source"))
-        for m in (mounts if isinstance(mounts, list) else ())
-        if isinstance(m, dict)
-    }
+    present = spec_binds(spec)
     ours, kept = [], []
     for m in edits.mounts:
         attachable = m.type in (None, "", "bind") and runc_attrs(m.options) is not None
